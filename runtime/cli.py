@@ -1,0 +1,101 @@
+"""`python -m runtime generate|info`: the runtime on its own, without the gateway."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from runtime.config import EngineConfig
+from runtime.errors import RuntimeErrorBase
+from runtime.sampling_params import SamplingParams
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m runtime",
+                                     description="Run the inference runtime from the shell.")
+    parser.add_argument("--model", default=None,
+                        help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--kv-cache-gb", type=float, default=1.0,
+                        help="memory budget of the paged KV cache in GiB")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="stream a completion to stdout")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action="store_true",
+                     help="wrap the prompt as a user message with the model's chat template")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    sub.add_parser("info", help="print the model's shape and KV capacity")
+    return parser
+
+
+def make_engine(args):
+    from runtime.engine import LLMEngine
+    config = EngineConfig(device=args.device, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)))
+    return LLMEngine.from_model_path(args.model, config)
+
+
+def cmd_generate(args) -> int:
+    engine = make_engine(args)
+    ck = engine.checkpoint
+    print(f"[loaded {ck.config.name} in {ck.load_seconds:.2f}s"
+          f"{' from cache' if ck.from_cache else ''}]", file=sys.stderr)
+    tok = engine.tokenizer
+    text = (tok.apply_chat_template([{"role": "user", "content": args.prompt}])
+            if args.chat else args.prompt)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                            stop=tuple(args.stop))
+    engine.add_request("cli", tok.encode(text), params)
+    start, first, n = time.perf_counter(), None, 0
+    usage = reason = None
+    while engine.has_unfinished_requests():
+        for out in engine.step()[0]:
+            first = first or time.perf_counter()
+            n += len(out.new_token_ids)
+            sys.stdout.write(out.new_text)
+            sys.stdout.flush()
+            usage, reason = out.usage, out.finish_reason
+    sys.stdout.write("\n")
+    elapsed = time.perf_counter() - start
+    decode_rate = (n - 1) / (elapsed - (first - start)) if n > 1 else 0.0
+    print(f"[{usage.prompt_tokens} prompt, {usage.completion_tokens} completion tokens; "
+          f"finish {reason}; first token {first - start:.3f}s; decode {decode_rate:.1f} tok/s]",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_info(args) -> int:
+    engine = make_engine(args)
+    c, r = engine.model_config, engine.runner
+    rows = [
+        ("model", c.name), ("source", engine.checkpoint.source),
+        ("architecture", c.architecture), ("layers", c.num_hidden_layers),
+        ("hidden size", c.hidden_size), ("intermediate size", c.intermediate_size),
+        ("attention heads", c.num_attention_heads), ("kv heads", c.num_key_value_heads),
+        ("head dim", c.head_dim), ("vocab size", c.vocab_size),
+        ("context length", engine.max_model_len), ("rope theta", c.rope_theta),
+        ("tied embeddings", c.tie_word_embeddings), ("device", str(r.device)),
+        ("dtype", str(r.dtype).removeprefix("torch.")),
+        ("kv block size", engine.config.block_size), ("kv blocks", r.num_blocks),
+        ("kv capacity (tokens)", engine.kv_capacity_tokens),
+        ("load seconds", f"{engine.checkpoint.load_seconds:.2f}"
+                         f"{' (cache)' if engine.checkpoint.from_cache else ''}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": cmd_generate, "info": cmd_info}[args.command](args)
+    except RuntimeErrorBase as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,58 @@
+"""Frozen configuration: the model's shape (read from a checkpoint) and the engine's limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder; field names follow Hugging Face's `config.json`."""
+
+    architecture: str  # "llama", "qwen2", "mistral"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has biases on q/k/v
+    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V, over all layers, for one token in float32."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits of the scheduler and the KV pool. All counts are in tokens unless named otherwise."""
+
+    block_size: int = 16
+    max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
+    max_num_seqs: int = 64  # running requests per step
+    kv_cache_bytes: int = 1 << 30  # memory budget of the KV pool
+    num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests)
+    max_model_len: int | None = None  # defaults to the model's context
+    enable_chunked_prefill: bool = True
+    device: str = "cpu"
+    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    seed: int = 0
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")

@@ -1,0 +1,169 @@
+"""The engine: add and abort requests, and step. Each step reads in three lines:
+schedule, run, postprocess. Tensors stay in the model runner; bookkeeping stays here."""
+from __future__ import annotations
+
+import time
+
+from runtime.config import EngineConfig
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.errors import DuplicateRequestError
+from runtime.kv_cache import KVCacheManager
+from runtime.loader import Checkpoint, load_checkpoint
+from runtime.model_runner import ModelRunner
+from runtime.outputs import EngineCounters, RequestOutput, StepStats, TokenLogprob, Usage
+from runtime.request import Request, RequestStatus
+from runtime.sampler import SampleResult
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler, SchedulerOutput
+from runtime.validate import validate_request
+
+
+class LLMEngine:
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig = EngineConfig()):
+        self.checkpoint = checkpoint
+        self.model_config = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.config = config
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+        self.runner = ModelRunner(self.model_config, checkpoint.weights, config)
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self.counters = EngineCounters()
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
+
+    @classmethod
+    def from_model_path(cls, path: str | None = None, config: EngineConfig = EngineConfig(),
+                        cache_dir: str | None = None) -> "LLMEngine":
+        return cls(load_checkpoint(path, cache_dir=cache_dir), config)
+
+    # ---- requests ---------------------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.runner.num_blocks * self.config.block_size
+
+    def validate(self, request_id, prompt_token_ids, params, priority=0, cache_salt=None) -> None:
+        """Raise a typed error if the request is invalid; changes nothing."""
+        validate_request(request_id, prompt_token_ids, params, priority, cache_salt,
+                         vocab_size=self.model_config.vocab_size,
+                         max_model_len=self.max_model_len,
+                         kv_capacity_tokens=self.kv_capacity_tokens)
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request_id!r} is already in the engine",
+                                        param="request_id")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams = SamplingParams(), priority: int = 0,
+                    cache_salt: str | None = None, arrival_time: float | None = None) -> None:
+        self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
+        request = Request(request_id, list(prompt_token_ids), params, priority,
+                          arrival_time if arrival_time is not None else time.monotonic(),
+                          cache_salt)
+        if params.seed is not None:
+            request.generator = self.runner.make_generator(params.seed)
+        request.detokenizer = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request wherever it is; returns its final output (None if unknown)."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
+        self._count_finished(request)
+        return self._output(request, [], "", None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ---- one step ---------------------------------------------------------------------
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        start = time.perf_counter()
+        sched = self.scheduler.schedule()
+        sampling = [s.request for s in sched.scheduled
+                    if s.start_position + s.num_new_tokens == s.request.num_tokens]
+        result = self.runner.run(sched, sampling) if not sched.is_empty else None
+        self.scheduler.update_computed(sched)
+        outputs = self._postprocess(sampling, result)
+        return outputs, self._stats(sched, time.perf_counter() - start)
+
+    def _postprocess(self, sampling: list[Request], result: SampleResult | None):
+        outputs = []
+        now = time.monotonic()
+        for i, request in enumerate(sampling):
+            token = result.token_ids[i]
+            request.output_token_ids.append(token)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            text = request.detokenizer.push([token])
+            finish = self._check_finish(request, token)
+            if finish is not None:
+                if not request.detokenizer.stopped:
+                    text += request.detokenizer.flush()  # text held back for stop strings
+                self.scheduler.finish_request(request, finish)
+                self.requests.pop(request.request_id, None)
+                self._count_finished(request)
+            outputs.append(self._output(request, [token], text, self._logprobs(result, i)))
+        self.counters.num_generation_tokens += len(sampling)
+        return outputs
+
+    def _check_finish(self, request: Request, token: int) -> RequestStatus | None:
+        params = request.params
+        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+            request.stop_reason = token
+            return RequestStatus.FINISHED_STOPPED
+        if request.detokenizer.stopped:
+            request.stop_reason = request.detokenizer.stop_reason
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    @staticmethod
+    def _logprobs(result: SampleResult, i: int) -> list[TokenLogprob] | None:
+        if result.logprobs[i] is None:
+            return None
+        top = tuple(result.top_logprobs[i] or ())
+        return [TokenLogprob(result.token_ids[i], result.logprobs[i], top)]
+
+    def _output(self, request: Request, tokens: list[int], text: str, logprobs) -> RequestOutput:
+        usage = Usage(request.num_prompt_tokens, request.num_cached_tokens,
+                      request.num_output_tokens)
+        finished = request.is_finished
+        return RequestOutput(request.request_id, tokens, text, finished,
+                             request.status.value if finished else None, usage, logprobs,
+                             request.stop_reason if finished else None)
+
+    def _count_finished(self, request: Request) -> None:
+        reason = request.status.value
+        self.counters.num_finished[reason] = self.counters.num_finished.get(reason, 0) + 1
+        self.counters.num_preemptions += request.num_preemptions
+
+    def _stats(self, sched: SchedulerOutput, seconds: float) -> StepStats:
+        decode = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
+        prefill = sched.num_scheduled_tokens - decode
+        self.counters.num_steps += 1
+        self.counters.num_prompt_tokens += prefill
+        self.counters.seconds_busy += seconds
+        return StepStats(len(sched.scheduled), prefill, decode, seconds,
+                         self.kv.pool.num_used_blocks, self.kv.pool.num_blocks,
+                         self.scheduler.num_running, self.scheduler.num_waiting,
+                         len(sched.preempted))
+
+    # ---- conveniences -----------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 ) -> list[list[int]]:
+        """Run prompts to completion together (continuous batching); return output token ids."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"gen-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+        for rid, prompt, p in zip(ids, prompts, params_list):
+            self.add_request(rid, prompt, p)
+        results: dict[str, list[int]] = {rid: [] for rid in ids}
+        while any(rid in self.requests for rid in ids):
+            outputs, _ = self.step()
+            for o in outputs:
+                if o.request_id in results:
+                    results[o.request_id].extend(o.new_token_ids)
+        return [results[rid] for rid in ids]

@@ -1,0 +1,110 @@
+"""Tensors live here: the KV cache, the step's input tensors, the forward pass and sampling.
+
+`run(scheduler_output, sampling_requests)` packs the scheduled tokens as
+[decode tokens | prefill chunks], runs the model once, computes logits only for the requests
+that sample this step, and returns their sampled tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+import kernels
+from runtime.attention import AttentionMetadata, PrefillSeq
+from runtime.config import EngineConfig, ModelConfig
+from runtime.model import LlamaModel
+from runtime.request import Request
+from runtime.sampler import SampleResult, Sampler, SamplingRow
+from runtime.scheduler import SchedulerOutput
+
+
+def resolve_dtype(config: EngineConfig) -> torch.dtype:
+    if config.dtype == "auto":
+        return torch.bfloat16 if config.device.startswith("cuda") else torch.float32
+    return getattr(torch, config.dtype)
+
+
+def num_kv_blocks(model_cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
+    if config.num_blocks is not None:
+        return config.num_blocks
+    per_token = model_cfg.kv_bytes_per_token // 4 * torch.finfo(dtype).bits // 8
+    return max(1, config.kv_cache_bytes // (per_token * config.block_size))
+
+
+class ModelRunner:
+    def __init__(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor],
+                 config: EngineConfig):
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config)
+        self.model = LlamaModel(model_cfg, weights, config.device, self.dtype)
+        self.model_cfg = model_cfg
+        self.block_size = config.block_size
+        self.num_blocks = num_kv_blocks(model_cfg, config, self.dtype)
+        self.kv_caches = self._allocate_kv_cache()
+        self.sampler = Sampler(config.device, seed=config.seed)
+
+    def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (self.num_blocks * self.block_size, self.model_cfg.num_key_value_heads,
+                 self.model_cfg.head_dim)
+        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.dtype, device=self.device))
+                for _ in range(self.model_cfg.num_hidden_layers)]
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        g = torch.Generator(device=self.device)
+        g.manual_seed(seed)
+        return g
+
+    # ---- packing ----------------------------------------------------------------------
+    def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
+        pos = torch.arange(start, end)
+        table = torch.tensor(request.block_ids, dtype=torch.long)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def prepare(self, out: SchedulerOutput):
+        """Order tokens as [decodes | prefills]; return (input_ids, meta, order, last_index)."""
+        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
+        prefills = [s for s in out.scheduled if s.num_new_tokens > 1]
+        order = decodes + prefills
+        ids, positions, slot_chunks, last_index = [], [], [], {}
+        pre_meta, offset = [], 0
+        for s in order:
+            r, start, n = s.request, s.start_position, s.num_new_tokens
+            ids.extend(r.token_slice(start, start + n))
+            positions.append(torch.arange(start, start + n))
+            ctx_slots = self._slots(r, 0, start + n)
+            slot_chunks.append(ctx_slots[start:])
+            if n > 1:
+                pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
+            offset += n
+            last_index[r.request_id] = offset - 1
+        decode_slots = decode_valid = None
+        if decodes:
+            tables = [s.request.block_ids for s in decodes]
+            width = max(len(t) for t in tables)
+            bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+            lens = torch.tensor([s.start_position + 1 for s in decodes], dtype=torch.long)
+            decode_slots, decode_valid = kernels.context_slots(bt, lens, self.block_size)
+            decode_slots = decode_slots.to(self.device)
+            decode_valid = decode_valid.to(self.device)
+        pos = torch.cat(positions).to(self.device)
+        cos, sin = kernels.rotary_cos_sin(pos, self.model_cfg.head_dim,
+                                          self.model_cfg.rope_theta, self.dtype)
+        meta = AttentionMetadata(torch.cat(slot_chunks).to(self.device), cos, sin, len(decodes),
+                                 decode_slots, decode_valid, pre_meta)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        return input_ids, meta, last_index
+
+    # ---- one step ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, out: SchedulerOutput, sampling: list[Request]) -> SampleResult | None:
+        """Run the scheduled tokens; sample one token for each request in `sampling`."""
+        input_ids, meta, last_index = self.prepare(out)
+        hidden = self.model.forward(input_ids, meta, self.kv_caches)
+        if not sampling:
+            return None
+        idx = torch.tensor([last_index[r.request_id] for r in sampling], device=self.device)
+        logits = self.model.compute_logits(hidden.index_select(0, idx))
+        rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids)
+                for r in sampling]
+        return self.sampler(logits, rows)

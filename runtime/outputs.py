@@ -1,0 +1,69 @@
+"""What the engine hands back each step: per-request deltas and per-step statistics."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from the prefix cache (billed as hits)
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # the N most likely alternatives
+
+
+@dataclass
+class RequestOutput:
+    """New tokens of one request since its last output. `usage` is current at every output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None  # "stop", "length", "abort" once finished
+    usage: Usage
+    logprobs: list[TokenLogprob] | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+
+
+@dataclass(frozen=True)
+class StepStats:
+    num_requests: int  # requests that ran this step
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    seconds_busy: float
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+@dataclass
+class EngineCounters:
+    """Totals since start, for metrics."""
+
+    num_steps: int = 0
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    num_finished: dict = field(default_factory=dict)  # finish_reason -> count
+    seconds_busy: float = 0.0

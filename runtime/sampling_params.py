@@ -1,0 +1,85 @@
+"""Per-request sampling parameters, validated once at admission."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.errors import InvalidRequestError
+
+MAX_TOP_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each next token and when to stop.
+
+    temperature 0 means greedy. `seed` makes a sampled output reproducible whatever else shares
+    the batch: each seeded request draws from its own generator, advanced once per token.
+    `logprobs` asks for the sampled token's log-probability; `top_logprobs` for N alternatives.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self._validate()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    def _validate(self) -> None:
+        def bad(param: str, why: str) -> InvalidRequestError:
+            return InvalidRequestError(f"{param} {why}", param=param)
+
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool):
+            raise bad("max_tokens", f"must be an integer, got {self.max_tokens!r}")
+        if self.max_tokens < 1:
+            raise bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        if not (self.temperature >= 0.0):  # also rejects NaN
+            raise bad("temperature", f"must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise bad("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                raise bad(name, f"must be in [-2, 2], got {value}")
+        if not (0.0 < self.repetition_penalty <= 10.0):
+            raise bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+        if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise bad("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", f"must be an integer, got {self.seed!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise bad("stop", f"allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
+                raise bad("stop", f"strings must be non-empty and at most "
+                                  f"{MAX_STOP_STRING_CHARS} characters, got {s!r:.40}")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or t < 0:
+                raise bad("stop_token_ids", f"must be non-negative integers, got {t!r}")

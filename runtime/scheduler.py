@@ -1,0 +1,196 @@
+"""Continuous-batching scheduler: a token budget per step, running requests first.
+
+There is no prefill or decode phase: every request's `num_computed_tokens` catches up with its
+`num_tokens`. A long prompt is cut into chunks that share a step with other requests' decodes.
+When blocks run out, the least urgent running request (highest priority value, latest arrival)
+is preempted: its blocks are freed and it is recomputed later from its tokens.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, field
+
+from runtime.config import EngineConfig
+from runtime.kv_cache import KVCacheManager
+from runtime.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int
+    start_position: int  # == request.num_computed_tokens when scheduled
+
+
+@dataclass
+class SchedulerOutput:
+    """Plain data for the model runner: which tokens of which requests run this step."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class WaitingQueue:
+    """Heap of waiting requests ordered by (priority, arrival time)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple, Request]] = []
+        self._removed: set[str] = set()
+        self._ids: set[str] = set()
+
+    def push(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.sort_key, request))
+        self._ids.add(request.request_id)
+        self._removed.discard(request.request_id)
+
+    def peek(self) -> Request | None:
+        self._drop_removed()
+        return self._heap[0][1] if self._heap else None
+
+    def pop(self) -> Request:
+        self._drop_removed()
+        request = heapq.heappop(self._heap)[1]
+        self._ids.discard(request.request_id)
+        return request
+
+    def remove(self, request: Request) -> None:
+        """Lazy removal: O(1) now, skipped when it reaches the top."""
+        if request.request_id in self._ids:
+            self._ids.discard(request.request_id)
+            self._removed.add(request.request_id)
+
+    def _drop_removed(self) -> None:
+        while self._heap and self._heap[0][1].request_id in self._removed:
+            self._removed.discard(heapq.heappop(self._heap)[1].request_id)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __iter__(self):
+        return (r for _, r in sorted(self._heap, key=lambda e: e[0]) if r.request_id in self._ids)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int):
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []
+
+    # ---- queue management -------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        self.waiting.push(request)
+
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Remove a request wherever it is and free its blocks (abort, stop, length)."""
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(request)
+        elif request in self.running:
+            self.running.remove(request)
+        self.kv.free(request)
+        request.status = status
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # ---- one step ---------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if not out.preempted:  # no room was short this step: admit waiting requests
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        scheduled_ids: set[str] = set()
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                continue
+            while not self.kv.allocate_slots(request, num_new):
+                victim = self._pick_victim(exclude=scheduled_ids)
+                self._preempt(victim, out)
+                if victim is request:
+                    break
+            if request.status is not RequestStatus.RUNNING:
+                continue
+            self._add(out, request, num_new)
+            scheduled_ids.add(request.request_id)
+            budget -= num_new
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            if request is None:
+                break
+            num_new = request.num_tokens - request.num_computed_tokens
+            if num_new > budget and not self.config.enable_chunked_prefill:
+                break
+            num_new = min(num_new, budget)
+            if not self.kv.allocate_slots(request, num_new):
+                break  # the most urgent waiting request does not fit: keep order, wait
+            self.waiting.pop()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.monotonic()
+            self._add(out, request, num_new)
+            budget -= num_new
+
+    def _add(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
+        out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+
+    def _pick_victim(self, exclude: set[str]) -> Request:
+        """Least urgent running request: highest priority value, then latest arrival.
+
+        Requests already scheduled this step are spared unless nothing else is left.
+        """
+        candidates = [r for r in self.running if r.request_id not in exclude] or self.running
+        return max(candidates, key=lambda r: r.sort_key)
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.PREEMPTED
+        self.waiting.push(request)
+        out.preempted.append(request)
+        # drop a chunk already scheduled for it this step (only when nothing else was left)
+        out.scheduled = [s for s in out.scheduled if s.request is not request]
+
+    # ---- after the model ran ----------------------------------------------------------
+    def update_computed(self, out: SchedulerOutput) -> list[Request]:
+        """Advance counters; return the requests whose whole sequence is now computed,
+        which are the ones that sample a token this step."""
+        ready = []
+        for s in out.scheduled:
+            s.request.num_computed_tokens += s.num_new_tokens
+            if s.request.num_computed_tokens == s.request.num_tokens:
+                ready.append(s.request)
+        return ready
