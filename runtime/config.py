@@ -48,6 +48,9 @@ class EngineConfig:
     num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests)
     max_model_len: int | None = None  # defaults to the model's context
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    disk_cache_dir: str | None = None  # the prefix cache's disk tier; None turns it off
+    disk_cache_bytes: int = 4 << 30  # size limit of the disk tier
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     seed: int = 0

@@ -2,10 +2,12 @@
 schedule, run, postprocess. Tensors stay in the model runner; bookkeeping stays here."""
 from __future__ import annotations
 
+import os
 import time
 
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.disk_cache import DiskKVCache
 from runtime.errors import DuplicateRequestError
 from runtime.kv_cache import KVCacheManager
 from runtime.loader import Checkpoint, load_checkpoint
@@ -14,7 +16,7 @@ from runtime.outputs import EngineCounters, RequestOutput, StepStats, TokenLogpr
 from runtime.request import Request, RequestStatus
 from runtime.sampler import SampleResult
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler, SchedulerOutput
+from runtime.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from runtime.validate import validate_request
 
 
@@ -27,11 +29,38 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         self.runner = ModelRunner(self.model_config, checkpoint.weights, config)
-        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size)
+        self.disk_cache = self._open_disk_cache()
+        self.runner.disk = self.disk_cache
+        self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
+                                 config.enable_prefix_caching, self.model_id, self.disk_cache)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
+
+    @property
+    def model_id(self) -> str:
+        """Identity of the weights and KV layout: prefix-cache hashes are rooted in it."""
+        src = self.checkpoint.source
+        try:
+            st = os.stat(src)
+            stamp = f"{st.st_size}:{int(st.st_mtime)}"
+        except OSError:
+            stamp = "?"
+        return f"{self.model_config.name}|{os.path.abspath(src)}|{stamp}|{self.runner.dtype}"
+
+    def _open_disk_cache(self) -> DiskKVCache | None:
+        if not (self.config.enable_prefix_caching and self.config.disk_cache_dir):
+            return None
+        return DiskKVCache(self.config.disk_cache_dir, self.config.disk_cache_bytes,
+                           self.runner.block_shape, self.runner.dtype)
+
+    def close(self) -> None:
+        """Write every cached block to the disk tier and wait for the writes, so a restart
+        starts warm. The engine stays usable."""
+        if self.disk_cache is not None:
+            self.runner.apply_kv_transfers(self.kv.persist_all())
+            self.disk_cache.flush()
 
     @classmethod
     def from_model_path(cls, path: str | None = None, config: EngineConfig = EngineConfig(),
@@ -84,7 +113,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         sampling = [s.request for s in sched.scheduled
                     if s.start_position + s.num_new_tokens == s.request.num_tokens]
-        result = self.runner.run(sched, sampling) if not sched.is_empty else None
+        result = self.runner.run(sched, sampling)
         self.scheduler.update_computed(sched)
         outputs = self._postprocess(sampling, result)
         return outputs, self._stats(sched, time.perf_counter() - start)
@@ -153,6 +182,22 @@ class LLMEngine:
                          len(sched.preempted))
 
     # ---- conveniences -----------------------------------------------------------------
+    def prompt_logits(self, prompt_token_ids: list[int]) -> "torch.Tensor":
+        """Logits [n, vocab] at every prompt position, computed in one pass through the paged
+        cache; the blocks are returned before this returns. Fails if other requests are busy."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("prompt_logits needs an idle engine")
+        self.validate("_logits", prompt_token_ids, SamplingParams(max_tokens=1))
+        request = Request("_logits", list(prompt_token_ids), SamplingParams(max_tokens=1))
+        if not self.kv.allocate_slots(request, request.num_tokens):
+            raise MemoryError("the prompt does not fit in the KV cache")
+        try:
+            sched = SchedulerOutput([ScheduledRequest(request, request.num_tokens, 0)],
+                                    kv_transfers=self.kv.take_transfers())
+            return self.runner.all_logits(sched)
+        finally:
+            self.kv.free(request)
+
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  ) -> list[list[int]]:
         """Run prompts to completion together (continuous batching); return output token ids."""

@@ -32,7 +32,7 @@ def num_kv_blocks(model_cfg: ModelConfig, config: EngineConfig, dtype: torch.dty
 
 class ModelRunner:
     def __init__(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 config: EngineConfig):
+                 config: EngineConfig, disk=None):
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config)
@@ -42,6 +42,32 @@ class ModelRunner:
         self.num_blocks = num_kv_blocks(model_cfg, config, self.dtype)
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.device, seed=config.seed)
+        self.disk = disk  # the prefix cache's disk tier, or None
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        c = self.model_cfg
+        return (c.num_hidden_layers, 2, self.block_size, c.num_key_value_heads, c.head_dim)
+
+    # ---- KV copies for the prefix cache's disk tier -------------------------------------
+    def read_block(self, block_id: int) -> torch.Tensor:
+        s = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
+        return torch.stack([torch.stack((k[s], v[s])) for k, v in self.kv_caches]).cpu()
+
+    def write_block(self, block_id: int, kv: torch.Tensor) -> None:
+        s = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
+        kv = kv.to(device=self.device, dtype=self.dtype)
+        for layer, (k, v) in enumerate(self.kv_caches):
+            k[s] = kv[layer, 0]
+            v[s] = kv[layer, 1]
+
+    def apply_kv_transfers(self, transfers) -> None:
+        """Save evicted blocks before anything overwrites them, then load disk hits."""
+        for block_id, block_hash, tokens in transfers.saves:
+            if self.disk is not None:
+                self.disk.save_async(block_hash, tokens, self.read_block(block_id))
+        for block_id, kv in transfers.loads:
+            self.write_block(block_id, kv)
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (self.num_blocks * self.block_size, self.model_cfg.num_key_value_heads,
@@ -99,6 +125,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, out: SchedulerOutput, sampling: list[Request]) -> SampleResult | None:
         """Run the scheduled tokens; sample one token for each request in `sampling`."""
+        self.apply_kv_transfers(out.kv_transfers)
+        if out.is_empty:
+            return None
         input_ids, meta, last_index = self.prepare(out)
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
         if not sampling:
@@ -108,3 +137,11 @@ class ModelRunner:
         rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids)
                 for r in sampling]
         return self.sampler(logits, rows)
+
+
+    @torch.inference_mode()
+    def all_logits(self, out: SchedulerOutput) -> torch.Tensor:
+        """Logits at every scheduled position (scoring and tests; the step path skips this)."""
+        self.apply_kv_transfers(out.kv_transfers)
+        input_ids, meta, _ = self.prepare(out)
+        return self.model.compute_logits(self.model.forward(input_ids, meta, self.kv_caches))

@@ -44,6 +44,9 @@ class Request:
     stop_reason: str | int | None = None
     generator: object = None  # torch.Generator for seeded sampling (set by the runner)
     detokenizer: object = None  # IncrementalDetokenizer (set by the engine)
+    block_hash_root: bytes | None = None  # prefix-cache chain root (model id + salt)
+    block_hashes: list = field(default_factory=list)  # chained hashes of full blocks
+    num_hashed_blocks: int = 0  # leading blocks already registered in the prefix cache
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
 

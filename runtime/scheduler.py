@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.config import EngineConfig
-from runtime.kv_cache import KVCacheManager
+from runtime.kv_cache import KVCacheManager, KVTransfers
 from runtime.request import Request, RequestStatus
 
 
@@ -29,6 +29,7 @@ class SchedulerOutput:
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    kv_transfers: KVTransfers = field(default_factory=KVTransfers)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -119,6 +120,7 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:  # no room was short this step: admit waiting requests
             self._schedule_waiting(out, budget)
+        out.kv_transfers = self.kv.take_transfers()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -148,11 +150,13 @@ class Scheduler:
             request = self.waiting.peek()
             if request is None:
                 break
-            num_new = request.num_tokens - request.num_computed_tokens
+            hit = self.kv.match_prefix(request)
+            num_new = request.num_tokens - request.num_computed_tokens \
+                - hit.num_blocks * self.kv.block_size
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(request, num_new):
+            if not self.kv.allocate_slots(request, num_new, hit):
                 break  # the most urgent waiting request does not fit: keep order, wait
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
@@ -191,6 +195,7 @@ class Scheduler:
         ready = []
         for s in out.scheduled:
             s.request.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_full_blocks(s.request)
             if s.request.num_computed_tokens == s.request.num_tokens:
                 ready.append(s.request)
         return ready

@@ -1,0 +1,51 @@
+"""Shared fixtures: the tiny random model (fast tests) and the real SmolLM2 model (marked)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.tiny_model import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache_dir(tmp_path_factory):
+    """Keep weight caches of the suite out of the user's home, shared across the session."""
+    os.environ.setdefault("INFERSTACK_CACHE_DIR", str(tmp_path_factory.mktemp("weight-cache")))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_model_dir):
+    from runtime.loader import load_checkpoint
+    return load_checkpoint(str(tiny_model_dir))
+
+
+@pytest.fixture
+def make_tiny_engine(tiny_checkpoint):
+    from runtime.config import EngineConfig
+    from runtime.engine import LLMEngine
+
+    def make(**overrides):
+        cfg = dict(num_blocks=64, block_size=4, max_num_batched_tokens=64, max_num_seqs=16)
+        cfg.update(overrides)
+        return LLMEngine(tiny_checkpoint, EngineConfig(**cfg))
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm_checkpoint():
+    from runtime.loader import default_model_path, load_checkpoint
+    return load_checkpoint(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def smollm_engine(smollm_checkpoint):
+    from runtime.config import EngineConfig
+    from runtime.engine import LLMEngine
+    return LLMEngine(smollm_checkpoint, EngineConfig(kv_cache_bytes=256 << 20,
+                                                     max_num_batched_tokens=256))
