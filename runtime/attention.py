@@ -23,7 +23,7 @@ class PrefillSeq:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] where each new token's K/V is stored
-    cos: torch.Tensor  # [T, head_dim // 2]
+    cos: torch.Tensor  # [T, 1, head_dim] (see kernels.rotary_cos_sin)
     sin: torch.Tensor
     num_decode: int
     decode_slots: torch.Tensor | None  # [num_decode, L]

@@ -46,11 +46,10 @@ class DecoderLayer:
         t = h.shape[0]
         qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
         nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q = qkv[:, :nq].view(t, self.num_heads, self.head_dim)
-        k = qkv[:, nq:nq + nk].view(t, self.num_kv_heads, self.head_dim)
+        # one rotary call covers the query and key heads together
+        qk = kernels.apply_rotary(qkv[:, :nq + nk].view(t, -1, self.head_dim), meta.cos, meta.sin)
+        q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, nq + nk:].view(t, self.num_kv_heads, self.head_dim)
-        q = kernels.apply_rotary(q, meta.cos, meta.sin)
-        k = kernels.apply_rotary(k, meta.cos, meta.sin)
         attn = self.attn(q, k, v, k_cache, v_cache, meta)
         h = F.linear(attn.reshape(t, nq), self.o_weight)
         h, residual = kernels.rms_norm(h, self.post_norm, self.eps, residual)
