@@ -181,6 +181,25 @@ class LLMEngine:
                          self.scheduler.num_running, self.scheduler.num_waiting,
                          len(sched.preempted))
 
+    # ---- descriptions for a worker's peers ---------------------------------------------
+    def info(self) -> dict:
+        """What a gateway needs to know about this engine (plain data)."""
+        return {"model": self.model_config.name, "max_model_len": self.max_model_len,
+                "vocab_size": self.model_config.vocab_size, "num_blocks": self.runner.num_blocks,
+                "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
+                "device": str(self.runner.device),
+                "eos_token_ids": list(self.model_config.eos_token_ids)}
+
+    def snapshot(self) -> dict:
+        """Gauges and counters now (plain data)."""
+        kv, c = self.kv, self.counters
+        return {"running": self.scheduler.num_running, "waiting": self.scheduler.num_waiting,
+                "kv_blocks_used": kv.pool.num_used_blocks, "kv_blocks_total": kv.pool.num_blocks,
+                "prefix_queries": kv.stats.queries, "prefix_hits": kv.stats.hits,
+                "prefix_evictions": kv.stats.evictions, "steps": c.num_steps,
+                "busy_seconds": c.seconds_busy, "preemptions": c.num_preemptions,
+                "prompt_tokens": c.num_prompt_tokens, "generation_tokens": c.num_generation_tokens}
+
     # ---- conveniences -----------------------------------------------------------------
     def prompt_logits(self, prompt_token_ids: list[int]) -> "torch.Tensor":
         """Logits [n, vocab] at every prompt position, computed in one pass through the paged

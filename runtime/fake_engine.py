@@ -1,0 +1,137 @@
+"""A deterministic stand-in for LLMEngine with the same worker-facing surface and no model.
+
+Gateway tests and benchmarks use it where the model's speed would only add noise. It uses the
+real SmolLM2 tokenizer (read from the GGUF metadata, no weights), emits a fixed cycle of word
+tokens, one per running request per step, after `step_seconds` of simulated work, honours
+max_tokens, stop strings, priorities and max_num_seqs, and reports cached tokens as the
+block-aligned longest prefix it has already seen under the same salt.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.errors import DuplicateRequestError
+from runtime.outputs import RequestOutput, StepStats, TokenLogprob, Usage
+from runtime.sampling_params import SamplingParams
+from runtime.validate import validate_request
+
+WORDS = " The quick brown fox jumps over the lazy dog and keeps running through the field."
+
+
+@dataclass
+class _FakeRequest:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    priority: int
+    arrival: float
+    cached: int
+    detok: IncrementalDetokenizer
+    output: list[int] = field(default_factory=list)
+
+
+class FakeEngine:
+    def __init__(self, tokenizer=None, *, step_seconds: float = 0.002, max_num_seqs: int = 64,
+                 max_model_len: int = 8192, block_size: int = 16, num_blocks: int = 4096):
+        if tokenizer is None:
+            from runtime.gguf_loader import read_gguf_tokenizer
+            from runtime.loader import default_model_path
+            tokenizer = read_gguf_tokenizer(default_model_path())
+        self.tokenizer = tokenizer
+        self.step_seconds = step_seconds
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.words = tokenizer.encode(WORDS)
+        self.requests: dict[str, _FakeRequest] = {}
+        self.seen_blocks: set[tuple] = set()
+        self.steps = 0
+        self.busy = 0.0
+
+    def info(self) -> dict:
+        return {"model": "fake-smollm2", "max_model_len": self.max_model_len,
+                "vocab_size": self.tokenizer.vocab_size, "num_blocks": self.num_blocks,
+                "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
+                "device": "fake", "eos_token_ids": list(self.tokenizer.eos_token_ids)}
+
+    def snapshot(self) -> dict:
+        running = self._running()
+        used = sum(-(-(len(r.prompt) + len(r.output)) // self.block_size) for r in running)
+        return {"running": len(running), "waiting": len(self.requests) - len(running),
+                "kv_blocks_used": used, "kv_blocks_total": self.num_blocks,
+                "prefix_queries": 0, "prefix_hits": 0, "prefix_evictions": 0,
+                "steps": self.steps, "busy_seconds": self.busy, "preemptions": 0,
+                "prompt_tokens": 0, "generation_tokens": 0}
+
+    def validate(self, request_id, prompt, params, priority=0, cache_salt=None) -> None:
+        validate_request(request_id, prompt, params, priority, cache_salt,
+                         vocab_size=self.tokenizer.vocab_size, max_model_len=self.max_model_len,
+                         kv_capacity_tokens=self.num_blocks * self.block_size)
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request_id!r} is already in the engine",
+                                        param="request_id")
+
+    def add_request(self, request_id, prompt_token_ids, params=SamplingParams(), priority=0,
+                    cache_salt=None, arrival_time=None) -> None:
+        self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
+        cached = self._cached_prefix(list(prompt_token_ids), cache_salt)
+        self.requests[request_id] = _FakeRequest(
+            request_id, list(prompt_token_ids), params, priority,
+            arrival_time if arrival_time is not None else time.monotonic(), cached,
+            IncrementalDetokenizer(self.tokenizer, stop=params.stop))
+
+    def _cached_prefix(self, prompt: list[int], salt) -> int:
+        bs, hits, key = self.block_size, 0, (salt,)
+        for i in range(len(prompt) // bs):
+            key = key + tuple(prompt[i * bs:(i + 1) * bs])
+            if hash(key) in self.seen_blocks and (i + 1) * bs < len(prompt):
+                hits = (i + 1) * bs
+            self.seen_blocks.add(hash(key))
+        return hits
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        r = self.requests.pop(request_id, None)
+        return None if r is None else self._output(r, [], "", "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def _running(self) -> list[_FakeRequest]:
+        order = sorted(self.requests.values(), key=lambda r: (r.priority, r.arrival))
+        return order[:self.max_num_seqs]
+
+    def step(self) -> tuple[list[RequestOutput], StepStats]:
+        start = time.perf_counter()
+        time.sleep(self.step_seconds)
+        outputs = []
+        running = self._running()
+        for r in running:
+            token = self.words[len(r.output) % len(self.words)]
+            r.output.append(token)
+            text = r.detok.push([token])
+            reason = "stop" if r.detok.stopped else (
+                "length" if len(r.output) >= r.params.max_tokens else None)
+            if reason == "length":
+                text += r.detok.flush()
+            if reason:
+                del self.requests[r.request_id]
+            outputs.append(self._output(r, [token], text, reason))
+        self.steps += 1
+        seconds = time.perf_counter() - start
+        self.busy += seconds
+        stats = StepStats(len(running), 0, len(running), seconds, 0, self.num_blocks,
+                          len(running), len(self.requests) - len(running))
+        return outputs, stats
+
+    def _output(self, r: _FakeRequest, tokens, text, reason) -> RequestOutput:
+        logprobs = None
+        if r.params.logprobs or r.params.top_logprobs:
+            top = tuple((t, -0.1 * (i + 1)) for i, t in enumerate(tokens * r.params.top_logprobs))
+            logprobs = [TokenLogprob(t, -0.1, top) for t in tokens]
+        return RequestOutput(r.request_id, tokens, text, reason is not None, reason,
+                             Usage(len(r.prompt), r.cached, len(r.output)), logprobs,
+                             r.detok.stop_reason if reason == "stop" else None)
+
+    def close(self) -> None:
+        pass

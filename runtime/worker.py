@@ -1,0 +1,159 @@
+"""A runtime worker process: one engine, driven over stdin/stdout by the gateway.
+
+`python -m runtime.worker [--model PATH] [--device cpu] [--threads N] ...` reads frames from
+stdin and writes frames to stdout (see runtime/protocol.py); logs go to stderr. A reader thread
+queues commands; the main thread applies them between engine steps, so only it touches the
+engine. The end of stdin (the gateway went away) ends the worker.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import sys
+import threading
+import time
+
+from runtime.config import EngineConfig
+from runtime.errors import RuntimeErrorBase
+from runtime.outputs import RequestOutput, StepStats
+from runtime.protocol import encode_frame, read_frame_blocking
+from runtime.sampling_params import SamplingParams
+
+IDLE_STATS_SECONDS = 1.0
+
+
+def output_message(out: RequestOutput) -> dict:
+    u = out.usage
+    logprobs = None
+    if out.logprobs is not None:
+        logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in out.logprobs]
+    return {"id": out.request_id, "tokens": out.new_token_ids, "text": out.new_text,
+            "finished": out.finished, "reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+            "usage": [u.prompt_tokens, u.cached_tokens, u.completion_tokens],
+            "logprobs": logprobs}
+
+
+def stats_message(engine, stats: StepStats | None) -> dict:
+    message = engine.snapshot()
+    if stats is not None:
+        message.update(step_seconds=stats.seconds_busy, batch=stats.num_requests,
+                       prefill_tokens=stats.num_prefill_tokens,
+                       decode_tokens=stats.num_decode_tokens)
+    return message
+
+
+class Worker:
+    def __init__(self, engine, out_stream):
+        self.engine = engine
+        self.out = out_stream
+        self.commands: queue.Queue = queue.Queue()
+        self.running = True
+
+    def send(self, message: dict) -> None:
+        self.out.write(encode_frame(message))
+        self.out.flush()
+
+    def ready_message(self) -> dict:
+        return {"type": "ready", "pid": os.getpid(), **self.engine.info(),
+                "tokenizer": self.engine.tokenizer.to_json()}
+
+    def read_commands(self, in_stream) -> None:
+        while True:
+            message = read_frame_blocking(in_stream)
+            self.commands.put(message if message is not None else {"type": "shutdown"})
+            if message is None or message["type"] == "shutdown":
+                return
+
+    def apply(self, message: dict) -> None:
+        kind = message["type"]
+        if kind == "shutdown":
+            self.running = False
+        elif kind == "abort":
+            final = self.engine.abort_request(message["id"])
+            if final is not None:
+                self.send({"type": "step", "outputs": [output_message(final)], "stats": None})
+        elif kind == "add":
+            self.add(message)
+
+    def add(self, message: dict) -> None:
+        try:
+            params = SamplingParams(**{k: tuple(v) if isinstance(v, list) else v
+                                       for k, v in message["params"].items()})
+            self.engine.add_request(message["id"], message["prompt"], params,
+                                    message.get("priority", 0), message.get("salt"))
+        except (RuntimeErrorBase, TypeError, ValueError) as exc:
+            self.send({"type": "rejected", "id": message.get("id"),
+                       "error": {"message": str(exc), "param": getattr(exc, "param", None),
+                                 "kind": type(exc).__name__}})
+
+    def loop(self) -> None:
+        last_stats = 0.0
+        while self.running:
+            busy = self.engine.has_unfinished_requests()
+            try:
+                message = self.commands.get(block=not busy, timeout=IDLE_STATS_SECONDS)
+                self.apply(message)
+                continue  # drain every pending command before the next step
+            except queue.Empty:
+                pass
+            if self.engine.has_unfinished_requests():
+                outputs, stats = self.engine.step()
+                self.send({"type": "step", "outputs": [output_message(o) for o in outputs],
+                           "stats": stats_message(self.engine, stats)})
+            elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
+                last_stats = time.monotonic()
+                self.send({"type": "stats", "stats": stats_message(self.engine, None)})
+        self.engine.close()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m runtime.worker")
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--kv-cache-gb", type=float, default=1.0)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--disk-cache-dir", default=None)
+    p.add_argument("--fake", action="store_true",
+                   help="a deterministic fake engine (no model), for gateway tests")
+    p.add_argument("--fake-step-ms", type=float, default=2.0,
+                   help="simulated seconds of work per fake engine step, in milliseconds")
+    return p.parse_args(argv)
+
+
+def build_engine(args):
+    if args.fake:
+        from runtime.fake_engine import FakeEngine
+        return FakeEngine(step_seconds=args.fake_step_ms / 1000,
+                          max_num_seqs=args.max_num_seqs)
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from runtime.engine import LLMEngine
+    config = EngineConfig(device=args.device, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
+                          max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          enable_prefix_caching=not args.no_prefix_caching,
+                          disk_cache_dir=args.disk_cache_dir)
+    return LLMEngine.from_model_path(args.model, config)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    frames_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # nothing but frames may reach the gateway's pipe, not even C-level prints
+    sys.stdout = sys.stderr
+    frames_in = os.fdopen(0, "rb")
+    worker = Worker(build_engine(args), frames_out)
+    worker.send(worker.ready_message())
+    threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
+    worker.loop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
