@@ -146,9 +146,12 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while budget > 0:
             request = self.waiting.peek()
             if request is None:
+                break
+            if len(self.running) >= self.config.max_num_seqs and \
+                    not self._preempt_for(request, out):
                 break
             hit = self.kv.match_prefix(request)
             num_new = request.num_tokens - request.num_computed_tokens \
@@ -157,6 +160,8 @@ class Scheduler:
                 break
             num_new = min(num_new, budget)
             if not self.kv.allocate_slots(request, num_new, hit):
+                if self._preempt_for(request, out):
+                    continue  # a less urgent request made room: look again
                 break  # the most urgent waiting request does not fit: keep order, wait
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
@@ -168,6 +173,17 @@ class Scheduler:
 
     def _add(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+
+    def _preempt_for(self, request: Request, out: SchedulerOutput) -> bool:
+        """Preempt the least urgent running request if `request` is strictly more urgent
+        (by priority class, not arrival), so an urgent arrival need not wait for a slot."""
+        if not self.running:
+            return False
+        victim = max(self.running, key=lambda r: r.sort_key)
+        if victim.priority <= request.priority:
+            return False
+        self._preempt(victim, out)
+        return True
 
     def _pick_victim(self, exclude: set[str]) -> Request:
         """Least urgent running request: highest priority value, then latest arrival.

@@ -108,3 +108,24 @@ def test_finish_frees_blocks_from_any_state():
     sched.finish_request(a, RequestStatus.FINISHED_ABORTED)
     assert kv.num_free_blocks == 8
     assert not sched.has_unfinished_requests()
+
+
+def test_urgent_arrival_preempts_least_urgent_when_slots_are_full():
+    sched, kv = make(seqs=2)
+    sched.add_request(req("low", 3, priority=5, arrival=0))
+    sched.add_request(req("mid", 3, priority=1, arrival=1))
+    advance(sched, sched.schedule())
+    sched.add_request(req("urgent", 3, priority=-1, arrival=2))
+    out = sched.schedule()
+    assert [r.request_id for r in out.preempted] == ["low"]
+    assert ("urgent", 3) in plan(out) and ("low", 1) not in plan(out)
+    assert sorted(r.request_id for r in sched.running) == ["mid", "urgent"]
+
+
+def test_equal_priority_arrival_waits_for_a_slot():
+    sched, _ = make(seqs=1)
+    sched.add_request(req("first", 3, arrival=0))
+    advance(sched, sched.schedule())
+    sched.add_request(req("second", 3, arrival=1))
+    out = sched.schedule()
+    assert out.preempted == [] and plan(out) == [("first", 1)]
