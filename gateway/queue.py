@@ -1,0 +1,104 @@
+"""The gateway's bounded priority queue, with aging, on the CPU.
+
+Order: priority class first (lower is more urgent), arrival second. Aging: a request's
+effective priority improves by one class every `aging_seconds` it waits, so low priority never
+starves. Because every waiting entry ages at the same rate, the order is fixed at insertion:
+the key priority * aging_seconds + arrival sorts exactly like the aged priority at any moment,
+so a plain heap serves (O(log n) push and pop, O(1) lazy removal).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int):
+        super().__init__(f"the queue is full; retry after {retry_after}s")
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class QueueEntry:
+    request_id: str
+    priority: int
+    payload: object
+    arrival: float = field(default_factory=time.monotonic)
+    key: float = 0.0
+    removed: bool = False
+
+
+class RequestQueue:
+    def __init__(self, max_size: int, aging_seconds: float = 30.0):
+        self.max_size = max_size
+        self.aging_seconds = aging_seconds
+        self._heap: list[tuple[float, int, QueueEntry]] = []
+        self._count = itertools.count()
+        self._size = 0
+        self._drain_times: list[float] = []  # recent dequeue times, for Retry-After
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, entry: QueueEntry) -> None:
+        if self._size >= self.max_size:
+            raise QueueFull(self.retry_after())
+        entry.key = entry.priority * self.aging_seconds + entry.arrival
+        heapq.heappush(self._heap, (entry.key, next(self._count), entry))
+        self._size += 1
+
+    def peek(self) -> QueueEntry | None:
+        self._drop_removed()
+        return self._heap[0][2] if self._heap else None
+
+    def pop(self) -> QueueEntry:
+        self._drop_removed()
+        entry = heapq.heappop(self._heap)[2]
+        self._size -= 1
+        self._note_drain()
+        return entry
+
+    def remove(self, entry: QueueEntry) -> bool:
+        """Drop a waiting entry (its client left); False if it was already dequeued."""
+        if entry.removed or not any(e is entry for _, _, e in self._heap[:1]) and \
+                entry not in self:
+            return False
+        entry.removed = True
+        self._size -= 1
+        return True
+
+    def __contains__(self, entry: QueueEntry) -> bool:
+        return not entry.removed and any(e is entry for _, _, e in self._heap)
+
+    def position(self, entry: QueueEntry) -> int:
+        """0-based place in line (how many entries will leave before it)."""
+        return sum(1 for k, _, e in self._heap if not e.removed and k < entry.key)
+
+    def _drop_removed(self) -> None:
+        while self._heap and self._heap[0][2].removed:
+            heapq.heappop(self._heap)
+
+    # ---- Retry-After from the drain rate ------------------------------------------------
+    def _note_drain(self) -> None:
+        now = time.monotonic()
+        self._drain_times.append(now)
+        if len(self._drain_times) > 256:
+            del self._drain_times[:128]
+
+    def drain_rate(self, window: float = 30.0) -> float:
+        """Requests leaving the queue per second, over the recent window."""
+        now = time.monotonic()
+        recent = [t for t in self._drain_times if now - t <= window]
+        if len(recent) < 2:
+            return 0.0
+        return len(recent) / max(now - recent[0], 1e-3)
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has likely drained by one full queue's worth."""
+        rate = self.drain_rate()
+        if rate <= 0:
+            return 5
+        return max(1, min(60, math.ceil(self._size / rate)))
