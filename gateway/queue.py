@@ -28,7 +28,8 @@ class QueueEntry:
     payload: object
     arrival: float = field(default_factory=time.monotonic)
     key: float = 0.0
-    removed: bool = False
+    removed: bool = False  # left the line before its turn (its client went away)
+    queued: bool = False
 
 
 class RequestQueue:
@@ -48,6 +49,7 @@ class RequestQueue:
             raise QueueFull(self.retry_after())
         entry.key = entry.priority * self.aging_seconds + entry.arrival
         heapq.heappush(self._heap, (entry.key, next(self._count), entry))
+        entry.queued = True
         self._size += 1
 
     def peek(self) -> QueueEntry | None:
@@ -57,25 +59,26 @@ class RequestQueue:
     def pop(self) -> QueueEntry:
         self._drop_removed()
         entry = heapq.heappop(self._heap)[2]
+        entry.queued = False
         self._size -= 1
         self._note_drain()
         return entry
 
     def remove(self, entry: QueueEntry) -> bool:
         """Drop a waiting entry (its client left); False if it was already dequeued."""
-        if entry.removed or not any(e is entry for _, _, e in self._heap[:1]) and \
-                entry not in self:
+        if entry.removed or not entry.queued:
             return False
         entry.removed = True
+        entry.queued = False
         self._size -= 1
         return True
 
     def __contains__(self, entry: QueueEntry) -> bool:
-        return not entry.removed and any(e is entry for _, _, e in self._heap)
+        return entry.queued
 
     def position(self, entry: QueueEntry) -> int:
         """0-based place in line (how many entries will leave before it)."""
-        return sum(1 for k, _, e in self._heap if not e.removed and k < entry.key)
+        return sum(1 for _, _, e in self._heap if e.queued and e.key < entry.key)
 
     def _drop_removed(self) -> None:
         while self._heap and self._heap[0][2].removed:

@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 class WorkerDied(Exception):
     """The worker process ended while the request was in flight."""
 
+    def __init__(self, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.request_id = request_id
+
 
 class WorkerHandle:
     def __init__(self, index: int, argv: list[str], env: dict | None = None,
@@ -89,10 +93,11 @@ class WorkerHandle:
 
     # ---- requests -----------------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: dict, priority: int,
-               salt: str | None) -> asyncio.Queue:
+               salt: str | None, stream: asyncio.Queue | None = None) -> asyncio.Queue:
+        """Send a request; its outputs arrive on `stream` (several requests may share one)."""
         if not self.alive:
             raise WorkerDied(f"worker {self.index} is not running")
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = stream if stream is not None else asyncio.Queue()
         self.inflight[request_id] = stream
         self.priorities[request_id] = priority
         self.pending_blocks += self.blocks_for(len(prompt))
@@ -182,7 +187,7 @@ class WorkerHandle:
             log.error("worker %d (pid %s) exited with %s; %d requests failed",
                       self.index, self.pid, code, len(self.inflight))
         for rid, stream in list(self.inflight.items()):
-            stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}"))
+            stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}", rid))
         self.inflight.clear()
         self.priorities.clear()
         self.pending_blocks = 0

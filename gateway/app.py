@@ -1,0 +1,84 @@
+"""The aiohttp application factory and the lifecycle of workers and background tasks."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.dispatch import Dispatcher
+from gateway.http_errors import error_middleware
+from gateway.metrics import GatewayMetrics
+from gateway.queue import RequestQueue
+from gateway.routes import add_routes
+from gateway.service import GenerationService
+from gateway.state import STATE, GatewayState
+from gateway.worker_client import WorkerHandle, supervise
+from runtime.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: GatewayConfig) -> web.Application:
+    app = web.Application(client_max_size=config.max_body_bytes,
+                          middlewares=[error_middleware])
+    state = GatewayState(config)
+    state.queue = RequestQueue(config.max_queue, config.aging_seconds)
+    state.workers = [WorkerHandle(i, config.worker_argv(),
+                                  ready_timeout=config.worker_ready_timeout)
+                     for i in range(config.workers)]
+    state.dispatcher = Dispatcher(state.workers, state.queue, config.affinity_margin)
+    app[STATE] = state
+    add_routes(app)
+    app.cleanup_ctx.append(_lifecycle)
+    return app
+
+
+async def _lifecycle(app: web.Application):
+    state = app[STATE]
+    for w in state.workers:
+        w.on_output = lambda worker, out: out["finished"] and state.dispatcher.notify()
+        w.on_ready = lambda worker: _on_worker_ready(state, worker)
+    tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
+             asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher")]
+    yield
+    state.stop.set()
+    for response in list(state.open_responses):
+        response.force_close()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.gather(*(w.close() for w in state.workers), return_exceptions=True)
+
+
+async def _start_workers(state: GatewayState) -> None:
+    """Start every worker; the first one ready provides the tokenizer and model facts."""
+    async def start(w: WorkerHandle):
+        try:
+            await w.start()
+        except Exception as exc:  # noqa: BLE001 - the supervisor retries
+            log.error("worker %d failed to start: %s", w.index, exc)
+
+    supervisors = [asyncio.create_task(supervise(w, state.stop)) for w in state.workers]
+    await asyncio.gather(*(start(w) for w in state.workers))
+    try:
+        await asyncio.gather(*supervisors)
+    finally:
+        for s in supervisors:
+            s.cancel()
+
+
+def _on_worker_ready(state: GatewayState, worker: WorkerHandle) -> None:
+    if state.service is None:
+        _become_ready(state, worker.info)
+    state.dispatcher.notify()
+
+
+def _become_ready(state: GatewayState, info: dict) -> None:
+    tokenizer = Tokenizer.from_json(info["tokenizer"])
+    state.model_name = info["model"]
+    state.metrics = GatewayMetrics(info["model"])
+    state.service = GenerationService(tokenizer, state.dispatcher, info["max_model_len"],
+                                      info["vocab_size"], state.config.default_max_tokens)
+    log.info("serving %s from %d worker(s)", info["model"], len(state.workers))

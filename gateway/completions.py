@@ -1,0 +1,136 @@
+"""Run one prepared generation and answer it: an SSE stream or one JSON response."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from gateway.errors import APIError
+from gateway.http_errors import json_response
+from gateway.openai_responses import ChoiceResult, chat_response, completion_response, usage_dict
+from gateway.service import Generation
+from gateway.sse import SSEStream
+from gateway.state import GatewayState
+from gateway.stream_chunker import StreamChunker
+
+
+def response_headers(gen: Generation) -> dict:
+    return {"x-request-id": gen.job.request_id, "x-queue-seconds": f"{gen.queue_seconds:.6f}"}
+
+
+def usage_of(gen: Generation) -> dict:
+    u = gen.usage
+    return usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+
+
+async def deltas_with_keepalive(state: GatewayState, gen: Generation, on_idle):
+    """Yield the generation's deltas; call `on_idle()` whenever none came for a while."""
+    agen = state.service.stream(gen)
+    step = None
+    try:
+        while True:
+            step = asyncio.ensure_future(agen.__anext__())
+            while True:
+                done, _ = await asyncio.wait({step}, timeout=state.config.keepalive_seconds)
+                if done:
+                    break
+                if not await on_idle():
+                    step.cancel()
+                    return
+            try:
+                yield step.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        if step is not None and not step.done():
+            step.cancel()  # runs the stream's own cleanup: the job is cancelled
+            await asyncio.gather(step, return_exceptions=True)
+        await agen.aclose()
+
+
+async def stream_sse(request: web.Request, state: GatewayState, gen: Generation):
+    """The SSE answer. Errors before the first event become a plain HTTP error; after it,
+    an error event and [DONE]. The response opens lazily so a rejection keeps its status."""
+    req = gen.request
+    chunker = StreamChunker(req.kind, gen.job.request_id, state.model_name, gen.created,
+                            req.include_usage)
+    sse: SSEStream | None = None
+    started: set[int] = set()
+    last = time.monotonic()
+
+    async def ensure_open() -> SSEStream:
+        nonlocal sse
+        if sse is None:
+            sse = await SSEStream.open(request, response_headers(gen))
+            state.open_responses.add(sse.response)
+        return sse
+
+    async def keepalive() -> bool:
+        return await (await ensure_open()).keepalive()
+
+    try:
+        async for delta in deltas_with_keepalive(state, gen, keepalive):
+            out = await ensure_open()
+            events = []
+            if delta.index not in started:
+                started.add(delta.index)
+                events += chunker.start(delta.index)
+                if req.echo:
+                    events.append(chunker.delta(delta.index, gen.prompt_text))
+            if delta.text or delta.logprobs:
+                events.append(chunker.delta(delta.index, delta.text, delta.logprobs))
+            if delta.finish_reason is not None:
+                events.append(chunker.finish(delta.index, delta.finish_reason))
+            for event in events:
+                if not await out.send(event):
+                    return out.response  # client gone: leaving the loop aborts the job
+            now = time.monotonic()
+            if delta.token_ids and state.metrics is not None:
+                gap = (now - last) / len(delta.token_ids)
+                for _ in delta.token_ids:
+                    state.metrics.itl.labels(state.model_name).observe(gap)
+            last = now
+        out = await ensure_open()
+        for event in chunker.usage(usage_of(gen)):
+            await out.send(event)
+        await out.send_done()
+        _observe(state, gen)
+        return out.response
+    except APIError as exc:
+        if sse is None:
+            raise
+        await sse.send({"error": exc.body()["error"]})
+        await sse.send_done()
+        return sse.response
+    finally:
+        if sse is not None:
+            state.open_responses.discard(sse.response)
+
+
+async def respond_json(state: GatewayState, gen: Generation) -> web.Response:
+    req = gen.request
+    texts: dict[int, list[str]] = {i: [] for i in range(req.n)}
+    logprobs: dict[int, list] = {i: [] for i in range(req.n)}
+    async for delta in state.service.stream(gen):
+        texts[delta.index].append(delta.text)
+        if delta.logprobs:
+            logprobs[delta.index].extend(delta.logprobs)
+    wants_logprobs = req.params.logprobs or req.params.top_logprobs > 0
+    choices = []
+    for i in range(req.n):
+        text = "".join(texts[i])
+        offset = 0
+        if req.echo:
+            text, offset = gen.prompt_text + text, len(gen.prompt_text)
+        choices.append(ChoiceResult(i, text, gen.finish_reasons.get(i),
+                                    logprobs[i] if wants_logprobs else None, offset))
+    build = chat_response if req.kind == "chat" else completion_response
+    body = build(gen.job.request_id, state.model_name, gen.created, choices, usage_of(gen))
+    _observe(state, gen)
+    return json_response(body, headers=response_headers(gen))
+
+
+def _observe(state: GatewayState, gen: Generation) -> None:
+    if state.metrics is not None:
+        state.metrics.observe_finished(gen)

@@ -1,0 +1,125 @@
+"""Gateway settings: defaults < TOML file < environment (INFERSTACK_*) < command-line flags."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None  # a .gguf file or HF folder; None: SmolLM2-135M-Instruct
+    workers: int = 1
+    threads_per_worker: int = 0  # torch threads per CPU worker; 0: cores / workers
+    device: str = "cpu"
+    kv_cache_gb: float = 1.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    prefix_caching: bool = True
+    disk_cache_dir: str | None = None
+    max_queue: int = 1024  # requests waiting in the gateway before 429
+    aging_seconds: float = 30.0  # waiting this long improves a request by one priority class
+    affinity_margin: float = 0.25  # prefer the prefix's worker unless busier by this load
+    max_body_bytes: int = 4 << 20
+    default_max_tokens: int | None = None  # None: the rest of the context
+    keepalive_seconds: float = 10.0  # SSE comment while a stream is quiet
+    worker_ready_timeout: float = 600.0
+    fake: bool = False  # deterministic fake engine instead of a model (tests, benchmarks)
+    fake_step_ms: float = 2.0
+
+    def worker_argv(self) -> list[str]:
+        argv = ["--device", self.device, "--kv-cache-gb", str(self.kv_cache_gb),
+                "--max-num-seqs", str(self.max_num_seqs),
+                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+                "--threads", str(self.threads())]
+        if self.model:
+            argv += ["--model", self.model]
+        if not self.prefix_caching:
+            argv.append("--no-prefix-caching")
+        if self.disk_cache_dir:
+            argv += ["--disk-cache-dir", self.disk_cache_dir]
+        if self.fake:
+            argv += ["--fake", "--fake-step-ms", str(self.fake_step_ms)]
+        return argv
+
+    def threads(self) -> int:
+        if self.threads_per_worker:
+            return self.threads_per_worker
+        return max(1, (os.cpu_count() or 1) // max(1, self.workers))
+
+
+HELP = {
+    "host": "address to listen on (loopback by default)", "port": "TCP port",
+    "model": "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)",
+    "workers": "runtime worker processes (one per GPU; on CPU, each with a thread budget)",
+    "threads_per_worker": "torch threads per CPU worker (0: cores divided by workers)",
+    "device": "cpu or cuda", "kv_cache_gb": "KV-cache memory per worker, GiB",
+    "max_num_seqs": "running requests per worker",
+    "max_num_batched_tokens": "token budget per engine step",
+    "prefix_caching": "reuse KV of repeated prompt prefixes",
+    "disk_cache_dir": "folder for the prefix cache's disk tier",
+    "max_queue": "requests that may wait in the gateway before 429",
+    "aging_seconds": "seconds of waiting that raise a request by one priority class",
+    "affinity_margin": "load margin within which the prefix's worker is preferred",
+    "max_body_bytes": "largest request body accepted (413 above)",
+    "default_max_tokens": "output budget when a request gives none (default: rest of context)",
+    "keepalive_seconds": "SSE keep-alive comment interval on a quiet stream",
+    "worker_ready_timeout": "seconds a worker may take to load its model",
+    "fake": "serve a deterministic fake engine instead of a model",
+    "fake_step_ms": "simulated milliseconds per fake engine step",
+}
+
+
+def _convert(field: dataclasses.Field, text: str):
+    kind = str(field.type)
+    if "bool" in kind:
+        return text.lower() in ("1", "true", "yes", "on")
+    if "int" in kind:
+        return int(text)
+    if "float" in kind:
+        return float(text)
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m gateway",
+        description="OpenAI-compatible gateway over runtime worker processes. Every flag can "
+                    "also be set as INFERSTACK_<NAME> in the environment or as <name> in a "
+                    "TOML file given with --config; flags win over the environment, which wins "
+                    "over the file.")
+    p.add_argument("--config", help="a TOML file of settings")
+    for f in fields(GatewayConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if "bool" in str(f.type):
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=None, help=HELP[f.name])
+        else:
+            p.add_argument(flag, dest=f.name, default=None, help=f"{HELP[f.name]} "
+                           f"(default: {f.default})")
+    return p
+
+
+def load_config(argv: list[str] | None = None, environ: dict | None = None) -> GatewayConfig:
+    args = build_parser().parse_args(argv)
+    environ = os.environ if environ is None else environ
+    values: dict = {}
+    if args.config:
+        with open(args.config, "rb") as fh:
+            values.update(tomllib.load(fh))
+    by_name = {f.name: f for f in fields(GatewayConfig)}
+    unknown = set(values) - set(by_name)
+    if unknown:
+        raise SystemExit(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
+    for name, f in by_name.items():
+        env = environ.get("INFERSTACK_" + name.upper())
+        if env is not None:
+            values[name] = _convert(f, env)
+        arg = getattr(args, name)
+        if arg is not None:
+            values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
+    return GatewayConfig(**values)

@@ -1,0 +1,143 @@
+"""Dispatch: hand queued jobs to workers that have room, keeping prefix affinity.
+
+A worker has room for a job while it has free request slots and KV blocks for the prompt.
+Among workers with room, the job goes to the one its prefix hashes to (rendezvous hashing of
+the salt and the prompt's first block, so repeated prefixes meet their cached KV), unless
+that worker is busier than the least loaded by more than `affinity_margin`. When no worker has
+room, a job more urgent than the least urgent request on some worker is sent there anyway:
+the worker's scheduler preempts that request, which resumes later with its output unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+
+from gateway.queue import QueueEntry, RequestQueue
+from gateway.worker_client import WorkerDied, WorkerHandle
+
+AFFINITY_TOKENS = 64
+
+
+@dataclass(eq=False)
+class Job:
+    """One API request: n engine requests that run on the same worker."""
+
+    request_id: str
+    prompt: list[int]
+    params: dict  # SamplingParams fields, JSON-able
+    n: int
+    priority: int
+    salt: str | None
+    assigned: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
+                                     .create_future())
+    entry: QueueEntry | None = None
+    worker: WorkerHandle | None = None
+    stream: asyncio.Queue = field(default_factory=asyncio.Queue)  # outputs of every sub-request
+
+    @property
+    def sub_ids(self) -> list[str]:
+        return [self.request_id] if self.n == 1 else [f"{self.request_id}/{i}"
+                                                      for i in range(self.n)]
+
+    def affinity_key(self) -> bytes:
+        head = ",".join(map(str, self.prompt[:AFFINITY_TOKENS]))
+        return hashlib.blake2b(f"{self.salt}|{head}".encode(), digest_size=8).digest()
+
+
+def rendezvous_score(key: bytes, worker_index: int) -> bytes:
+    return hashlib.blake2b(key + worker_index.to_bytes(4, "little"), digest_size=8).digest()
+
+
+class Dispatcher:
+    def __init__(self, workers: list[WorkerHandle], queue: RequestQueue,
+                 affinity_margin: float = 0.25):
+        self.workers = workers
+        self.queue = queue
+        self.affinity_margin = affinity_margin
+        self._wake = asyncio.Event()
+
+    # ---- admission ----------------------------------------------------------------------
+    def enqueue(self, job: Job) -> None:
+        """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
+        job.entry = QueueEntry(job.request_id, job.priority, job)
+        self.queue.push(job.entry)
+        self.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client left: drop the job from the queue, or abort it on its worker."""
+        if job.entry is not None and self.queue.remove(job.entry):
+            if not job.assigned.done():
+                job.assigned.cancel()
+            return
+        if job.worker is not None:
+            for sub_id in job.sub_ids:
+                job.worker.abort(sub_id)
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    # ---- the loop -----------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            self.dispatch_ready()
+
+    def dispatch_ready(self) -> int:
+        """Assign as many queued jobs, in order, as the workers can take now."""
+        assigned = 0
+        while (entry := self.queue.peek()) is not None:
+            job: Job = entry.payload
+            worker = self.choose(job) or self.choose_by_preemption(job)
+            if worker is None:
+                break
+            self.queue.pop()
+            self._submit(job, worker)
+            assigned += 1
+        return assigned
+
+    def _submit(self, job: Job, worker: WorkerHandle) -> None:
+        try:
+            for i, sub_id in enumerate(job.sub_ids):
+                params = dict(job.params)
+                if params.get("seed") is not None and job.n > 1:
+                    params["seed"] = params["seed"] + i  # n distinct, reproducible samples
+                worker.submit(sub_id, job.prompt, params, job.priority, job.salt, job.stream)
+        except (WorkerDied, ConnectionError) as exc:
+            for sub_id in job.sub_ids:
+                worker.release(sub_id)
+            if not job.assigned.done():
+                job.assigned.set_exception(WorkerDied(str(exc)))
+            return
+        job.worker = worker
+        if not job.assigned.done():
+            job.assigned.set_result(worker)
+
+    # ---- placement ----------------------------------------------------------------------
+    def has_room(self, worker: WorkerHandle, job: Job) -> bool:
+        return (worker.alive and worker.free_slots >= job.n
+                and worker.free_blocks >= worker.blocks_for(len(job.prompt)))
+
+    def choose(self, job: Job) -> WorkerHandle | None:
+        candidates = [w for w in self.workers if self.has_room(w, job)]
+        if not candidates:
+            return None
+        key = job.affinity_key()
+        preferred = max(candidates, key=lambda w: rendezvous_score(key, w.index))
+        least = min(candidates, key=lambda w: (w.load, w.index))
+        if preferred.load <= least.load + self.affinity_margin:
+            return preferred
+        return least
+
+    def choose_by_preemption(self, job: Job) -> WorkerHandle | None:
+        """A worker running something strictly less urgent than this job, if any."""
+        best, best_priority = None, job.priority
+        for w in self.workers:
+            p = w.least_urgent_priority() if w.alive else None
+            if p is not None and p > best_priority:
+                best, best_priority = w, p
+        return best

@@ -1,0 +1,89 @@
+"""Prometheus metrics of the gateway, with vLLM's names where they exist so dashboards work."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                   10.0, 20.0, 40.0, 80.0, 160.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class GatewayMetrics:
+    def __init__(self, model: str):
+        self.model = model
+        self.registry = r = CollectorRegistry()
+        label = ["model_name"]
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token",
+                              label, buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between streamed tokens",
+                             label, buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency",
+                             label, buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+                                    "Time waiting in the gateway queue", label,
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", label, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens", label,
+                                         registry=r)
+        self.cached_tokens = Counter("inferstack:cached_prompt_tokens",
+                                     "Prompt tokens served from the prefix cache", label,
+                                     registry=r)
+        self.requests = Counter("vllm:request_success", "Finished requests by finish reason",
+                                label + ["finished_reason"], registry=r)
+        self.http_errors = Counter("inferstack:http_errors", "Error responses by status",
+                                   label + ["status"], registry=r)
+        self.queue_length = Gauge("inferstack:gateway_queue_length",
+                                  "Requests waiting in the gateway queue", label, registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests running on workers",
+                             label, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting",
+                             "Requests waiting (gateway queue plus worker queues)", label,
+                             registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0 to 1",
+                              label + ["worker"], registry=r)
+        self.prefix_queries = Gauge("vllm:prefix_cache_queries", "Prefix-cache queries (tokens)",
+                                    label + ["worker"], registry=r)
+        self.prefix_hits = Gauge("vllm:prefix_cache_hits", "Prefix-cache hits (tokens)",
+                                 label + ["worker"], registry=r)
+        self.workers_alive = Gauge("inferstack:workers_alive", "Workers ready to serve", label,
+                                   registry=r)
+        self.worker_restarts = Gauge("inferstack:worker_restarts", "Worker restarts", label,
+                                     registry=r)
+
+    def observe_finished(self, gen) -> None:
+        m = self.model
+        u = gen.usage
+        self.prompt_tokens.labels(m).inc(u.prompt_tokens)
+        self.generation_tokens.labels(m).inc(u.completion_tokens)
+        self.cached_tokens.labels(m).inc(u.cached_tokens)
+        for reason in gen.finish_reasons.values():
+            self.requests.labels(m, reason).inc()
+        if gen.first_token_at is not None:
+            self.ttft.labels(m).observe(gen.first_token_at - gen.enqueued_at)
+        if gen.finished_at is not None:
+            self.e2e.labels(m).observe(gen.finished_at - gen.enqueued_at)
+        self.queue_time.labels(m).observe(gen.queue_seconds)
+
+    def refresh(self, queue_length: int, workers) -> None:
+        """Copy the gauges from the queue and the workers' latest statistics."""
+        m = self.model
+        self.queue_length.labels(m).set(queue_length)
+        running = waiting = alive = restarts = 0
+        for w in workers:
+            s = w.stats
+            running += s.get("running", 0)
+            waiting += s.get("waiting", 0)
+            alive += int(w.alive)
+            restarts += w.restarts
+            total = s.get("kv_blocks_total") or 0
+            idx = str(w.index)
+            self.kv_usage.labels(m, idx).set(s.get("kv_blocks_used", 0) / total if total else 0)
+            self.prefix_queries.labels(m, idx).set(s.get("prefix_queries", 0))
+            self.prefix_hits.labels(m, idx).set(s.get("prefix_hits", 0))
+        self.running.labels(m).set(running)
+        self.waiting.labels(m).set(waiting + queue_length)
+        self.workers_alive.labels(m).set(alive)
+        self.worker_restarts.labels(m).set(restarts)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

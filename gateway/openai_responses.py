@@ -1,0 +1,165 @@
+"""OpenAI response shapes: whole responses, stream chunks, usage and logprobs, as plain dicts.
+
+The caller serialises with orjson. Every builder returns every key OpenAI's own server returns
+(null where unknown), so strict clients (the openai SDK, load testers) parse them unchanged.
+
+Logprobs arrive already decoded to text (`LogprobToken`): the gateway owns the tokenizer and
+decodes token ids once, so these builders stay pure and need no model.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# JSON has no -inf; OpenAI reports an impossible token with this floor instead
+MIN_LOGPROB = -9999.0
+
+
+@dataclass(frozen=True)
+class LogprobToken:
+    """One generated token's log-probability and its most likely alternatives, as text.
+
+    `raw` is the token's exact bytes when `text` is not (a token holding part of a multi-byte
+    character decodes to U+FFFD); None means `text.encode()` is exact.
+    """
+
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+    raw: bytes | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceResult:
+    """One finished choice of a non-streamed response.
+
+    `text_offset` is where the first logprob token starts inside `text` (completions only):
+    0 normally, the prompt's length when the prompt was echoed in front.
+    """
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: Sequence[LogprobToken] | None = None
+    text_offset: int = 0
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage_dict(prompt_tokens: int, cached_tokens: int, completion_tokens: int,
+               extra: dict | None = None) -> dict:
+    """OpenAI's usage object; `extra` keys (e.g. cost) are merged in at the top level."""
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+             "total_tokens": prompt_tokens + completion_tokens,
+             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if extra:
+        usage.update(extra)
+    return usage
+
+
+# logprobs
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else MIN_LOGPROB
+
+
+def _bytes(text: str, raw: bytes | None = None) -> list[int]:
+    return list(raw if raw is not None else text.encode("utf-8", "surrogatepass"))
+
+
+def chat_logprobs(tokens: Sequence[LogprobToken]) -> dict:
+    """Chat shape: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}."""
+    return {"content": [
+        {"token": t.text, "logprob": _finite(t.logprob), "bytes": _bytes(t.text, t.raw),
+         "top_logprobs": [{"token": text, "logprob": _finite(lp), "bytes": _bytes(text)}
+                          for text, lp in t.top]}
+        for t in tokens]}
+
+
+def completion_logprobs(tokens: Sequence[LogprobToken], text_offset: int = 0) -> dict:
+    """Legacy completions shape: parallel lists, alternatives as {text: logprob} dicts.
+
+    `text_offset` is the character offset of the first token in the choice's text.
+    """
+    offsets, at = [], text_offset
+    for t in tokens:
+        offsets.append(at)
+        at += len(t.text)
+    return {"tokens": [t.text for t in tokens],
+            "token_logprobs": [_finite(t.logprob) for t in tokens],
+            # two ids may decode to the same text; the first listed is the likelier, keep it
+            "top_logprobs": [_top_dict(t.top) for t in tokens],
+            "text_offset": offsets}
+
+
+def _top_dict(top: Sequence[tuple[str, float]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for text, lp in top:
+        out.setdefault(text, _finite(lp))
+    return out
+
+
+# stream chunks
+
+def chat_chunk(id: str, model: str, created: int, index: int, delta: dict,
+               finish_reason: str | None, logprobs: dict | None = None,
+               usage: dict | None = None) -> dict:
+    chunk = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish_reason}]}
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def completion_chunk(id: str, model: str, created: int, index: int, text: str,
+                     finish_reason: str | None, logprobs: dict | None = None,
+                     usage: dict | None = None) -> dict:
+    chunk = {"id": id, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                          "finish_reason": finish_reason}]}
+    if usage is not None:
+        chunk["usage"] = usage
+    return chunk
+
+
+def chat_usage_chunk(id: str, model: str, created: int, usage: dict) -> dict:
+    """The last chunk when stream_options.include_usage: no choices, the whole request's usage."""
+    return {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [], "usage": usage}
+
+
+def completion_usage_chunk(id: str, model: str, created: int, usage: dict) -> dict:
+    return {"id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [], "usage": usage}
+
+
+# whole responses
+
+def chat_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
+                  usage: dict) -> dict:
+    return {"id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": c.index,
+                         "message": {"role": "assistant", "content": c.text},
+                         "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
+                         "finish_reason": c.finish_reason} for c in choices],
+            "usage": usage}
+
+
+def completion_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
+                        usage: dict) -> dict:
+    return {"id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": c.index, "text": c.text,
+                         "logprobs": None if c.logprobs is None
+                         else completion_logprobs(c.logprobs, c.text_offset),
+                         "finish_reason": c.finish_reason} for c in choices],
+            "usage": usage}
+
+
+__all__ = ["MIN_LOGPROB", "LogprobToken", "ChoiceResult", "new_id", "usage_dict",
+           "chat_logprobs", "completion_logprobs", "chat_chunk", "completion_chunk",
+           "chat_usage_chunk", "completion_usage_chunk", "chat_response", "completion_response"]

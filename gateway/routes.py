@@ -1,0 +1,88 @@
+"""Every HTTP route of the gateway, in one table."""
+from __future__ import annotations
+
+import time
+
+import orjson
+from aiohttp import web
+
+from gateway.completions import respond_json, stream_sse
+from gateway.errors import bad_request
+from gateway.http_errors import json_response
+from gateway.openai_api import parse_request
+from gateway.openapi import build_openapi
+from gateway.state import STATE
+from gateway.websocket import websocket_handler
+
+
+async def read_json(request: web.Request):
+    raw = await request.read()  # over client_max_size: 413 through the middleware
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+async def generate(request: web.Request, kind: str):
+    state = request.app[STATE]
+    service = state.require_service()
+    req = parse_request(kind, await read_json(request))
+    gen = service.prepare(req, salt=None)
+    service.enqueue(gen)
+    if req.stream:
+        return await stream_sse(request, state, gen)
+    return await respond_json(state, gen)
+
+
+async def chat_completions(request: web.Request):
+    return await generate(request, "chat")
+
+
+async def completions(request: web.Request):
+    return await generate(request, "completion")
+
+
+async def models(request: web.Request):
+    state = request.app[STATE]
+    return json_response({"object": "list", "data": [
+        {"id": state.model_name, "object": "model", "created": int(state.started_at),
+         "owned_by": "inferstack"}]})
+
+
+async def health(request: web.Request):
+    return json_response({"status": "ok"})
+
+
+async def ready(request: web.Request):
+    state = request.app[STATE]
+    alive = sum(w.alive for w in state.workers)
+    body = {"ready": bool(alive and state.service), "workers_ready": alive,
+            "workers": len(state.workers),
+            "worker_pids": [w.pid if w.alive else None for w in state.workers],
+            "uptime_seconds": round(time.time() -
+                                                                   state.started_at, 3)}
+    return json_response(body, 200 if body["ready"] else 503)
+
+
+async def metrics(request: web.Request):
+    state = request.app[STATE]
+    if state.metrics is None:
+        return web.Response(body=b"", content_type="text/plain")
+    state.metrics.refresh(len(state.queue), state.workers)
+    return web.Response(body=state.metrics.render(),
+                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+async def openapi(request: web.Request):
+    return json_response(build_openapi(request.app[STATE].model_name))
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/ws", websocket_handler)
+    app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)

@@ -1,0 +1,178 @@
+"""From a validated API request to a stream of per-choice deltas; no HTTP here.
+
+`prepare` tokenizes and checks the context before anything is queued; `stream` queues the job,
+waits for a worker, and yields each choice's new text as it arrives. Leaving the iteration
+early (the client went away) cancels the job wherever it is: queue entry or worker request.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from gateway.dispatch import Dispatcher, Job
+from gateway.errors import bad_request, rate_limited, server_error
+from gateway.openai_api import GenerationRequest
+from gateway.openai_responses import LogprobToken, new_id
+from gateway.queue import QueueFull
+from gateway.worker_client import WorkerDied
+
+
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[LogprobToken] | None
+    finish_reason: str | None  # set on the choice's last delta
+
+
+@dataclass
+class JobUsage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Generation:
+    """A prepared request and, as it runs, its timings and usage."""
+
+    request: GenerationRequest
+    job: Job
+    prompt_text: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    enqueued_at: float = 0.0
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    usage: JobUsage = field(default_factory=JobUsage)
+    finish_reasons: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def queue_seconds(self) -> float:
+        end = self.dispatched_at or time.monotonic()
+        return max(0.0, end - self.enqueued_at)
+
+
+class GenerationService:
+    def __init__(self, tokenizer, dispatcher: Dispatcher, max_model_len: int, vocab_size: int,
+                 default_max_tokens: int | None = None):
+        self.tokenizer = tokenizer
+        self.dispatcher = dispatcher
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        self.default_max_tokens = default_max_tokens
+
+    # ---- before the queue ---------------------------------------------------------------
+    def prepare(self, request: GenerationRequest, salt: str | None = None,
+                request_id: str | None = None) -> Generation:
+        prompt_text, prompt = self._tokenize(request)
+        n = len(prompt)
+        if n == 0:
+            raise bad_request("the prompt is empty", param="prompt")
+        if n >= self.max_model_len:
+            raise bad_request(f"the prompt has {n} tokens; this model's context is "
+                              f"{self.max_model_len} tokens", param="messages"
+                              if request.kind == "chat" else "prompt",
+                              code="context_length_exceeded")
+        room = self.max_model_len - n
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            max_tokens = min(room, self.default_max_tokens or room)
+        elif max_tokens > room:
+            raise bad_request(f"max_tokens is {max_tokens}, but the prompt has {n} tokens and "
+                              f"the context is {self.max_model_len}: at most {room} fit",
+                              param="max_tokens", code="context_length_exceeded")
+        params = request.sampling_params(max_tokens)
+        job = Job(request_id or new_id(request.kind), prompt, _params_dict(params), request.n,
+                  request.priority, salt)
+        return Generation(request, job, prompt_text)
+
+    def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
+        if request.kind == "chat":
+            text = self.tokenizer.apply_chat_template(list(request.messages))
+            return text, self.tokenizer.encode(text)
+        if isinstance(request.prompt, str):
+            return request.prompt, self.tokenizer.encode(request.prompt)
+        ids = list(request.prompt)
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.vocab_size:
+                raise bad_request(f"prompt token {i} is {t}, outside the vocabulary "
+                                  f"[0, {self.vocab_size})", param="prompt")
+        return self.tokenizer.decode(ids, skip_special_tokens=False), ids
+
+    # ---- queue, worker, stream ----------------------------------------------------------
+    def enqueue(self, gen: Generation) -> None:
+        gen.enqueued_at = time.monotonic()
+        try:
+            self.dispatcher.enqueue(gen.job)
+        except QueueFull as exc:
+            raise rate_limited("the request queue is full; retry later",
+                             retry_after_s=exc.retry_after) from None
+
+    async def stream(self, gen: Generation) -> AsyncIterator[ChoiceDelta]:
+        """Yield deltas until every choice has finished. Must follow `enqueue`."""
+        job, done = gen.job, False
+        try:
+            try:
+                await job.assigned
+            except WorkerDied as exc:
+                raise server_error(f"no worker could take the request: {exc}") from None
+            gen.dispatched_at = time.monotonic()
+            index = {sub_id: i for i, sub_id in enumerate(job.sub_ids)}
+            remaining = set(index)
+            while remaining:
+                item = await job.stream.get()
+                delta = self._delta(gen, index, item)
+                if delta is None:
+                    continue
+                if delta.finish_reason is not None:
+                    remaining.discard(job.sub_ids[delta.index])
+                yield delta
+            done = True
+            gen.finished_at = time.monotonic()
+        finally:
+            if not done:
+                self.dispatcher.cancel(job)
+
+    def _delta(self, gen: Generation, index: dict, item) -> ChoiceDelta | None:
+        if isinstance(item, WorkerDied):
+            raise server_error(f"the worker serving this request failed: {item}")
+        if item.get("type") == "rejected":
+            err = item["error"]
+            raise bad_request(err["message"], param=err.get("param"))
+        i = index.get(item["id"])
+        if i is None:
+            return None
+        if gen.first_token_at is None and item["tokens"]:
+            gen.first_token_at = time.monotonic()
+        if item["finished"]:
+            prompt, cached, completion = item["usage"]
+            gen.usage.prompt_tokens = prompt
+            gen.usage.cached_tokens = max(gen.usage.cached_tokens, cached)
+            gen.usage.completion_tokens += completion
+            gen.finish_reasons[i] = item["reason"]
+        return ChoiceDelta(i, item["text"], item["tokens"], self._logprobs(item),
+                           item["reason"] if item["finished"] else None)
+
+    def _logprobs(self, item: dict) -> list[LogprobToken] | None:
+        if item.get("logprobs") is None:
+            return None
+        out = []
+        for token_id, logprob, top in item["logprobs"]:
+            alternatives = tuple((self._token_text(t), lp) for t, lp in top)
+            out.append(LogprobToken(self._token_text(token_id), logprob, alternatives,
+                                    self.tokenizer.token_bytes(token_id)))
+        return out
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _params_dict(params) -> dict:
+    """SamplingParams as JSON-able fields for the worker protocol."""
+    import dataclasses
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(params).items()}

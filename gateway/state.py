@@ -1,0 +1,39 @@
+"""Everything the gateway shares between handlers, kept under one aiohttp AppKey."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from gateway.config import GatewayConfig
+from gateway.dispatch import Dispatcher
+from gateway.errors import APIError
+from gateway.metrics import GatewayMetrics
+from gateway.queue import RequestQueue
+from gateway.service import GenerationService
+from gateway.worker_client import WorkerHandle
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    workers: list[WorkerHandle] = field(default_factory=list)
+    queue: RequestQueue | None = None
+    dispatcher: Dispatcher | None = None
+    service: GenerationService | None = None
+    metrics: GatewayMetrics | None = None
+    model_name: str = "unknown"
+    started_at: float = field(default_factory=time.time)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    open_responses: set = field(default_factory=set)  # streams to close on shutdown
+
+    def require_service(self) -> GenerationService:
+        if self.service is None or not any(w.alive for w in self.workers):
+            raise APIError(503, "no worker is ready yet; retry shortly", "server_error",
+                           code="not_ready", headers={"Retry-After": "5"})
+        return self.service
+
+
+STATE = web.AppKey("gateway_state", GatewayState)

@@ -1,0 +1,148 @@
+"""GET /v1/ws: many requests over one WebSocket, each with a client-chosen id.
+
+client -> server
+  {"type": "request", "id": "a1", "endpoint": "chat" | "completions", "body": {...}}
+  {"type": "cancel", "id": "a1"}
+server -> client
+  {"type": "queued", "id", "position"}     while it waits (sent when the position changes)
+  {"type": "chunk", "id", "data": <the same chunk as the SSE stream>}
+  {"type": "done", "id", "usage": {...}}
+  {"type": "error", "id", "error": {"message", "type", "param", "code"}}
+Bodies are the HTTP API's; "stream" is implied. Closing the socket cancels all its requests.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from gateway.completions import usage_of
+from gateway.errors import APIError, bad_request
+from gateway.openai_api import parse_request
+from gateway.state import STATE
+from gateway.stream_chunker import StreamChunker
+
+MAX_REQUESTS_PER_SOCKET = 128
+POSITION_INTERVAL = 0.25
+
+
+class Connection:
+    def __init__(self, ws: web.WebSocketResponse, state):
+        self.ws = ws
+        self.state = state
+        self.tasks: dict[str, asyncio.Task] = {}
+
+    async def send(self, message: dict) -> None:
+        if not self.ws.closed:
+            try:
+                await self.ws.send_bytes(orjson.dumps(message))
+            except ConnectionError:
+                pass
+
+    async def error(self, rid, exc: APIError) -> None:
+        await self.send({"type": "error", "id": rid, "error": exc.body()["error"]})
+
+    async def handle(self, raw: bytes | str) -> None:
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return await self.error(None, bad_request("the message is not valid JSON"))
+        if not isinstance(message, dict):
+            return await self.error(None, bad_request("a message must be a JSON object"))
+        rid, kind = message.get("id"), message.get("type")
+        if not isinstance(rid, str) or not rid or len(rid) > 256:
+            return await self.error(None, bad_request("id must be a string of 1 to 256 "
+                                                      "characters", param="id"))
+        if kind == "cancel":
+            task = self.tasks.get(rid)
+            if task is not None:
+                task.cancel()
+            return None
+        if kind != "request":
+            return await self.error(rid, bad_request(f"unknown message type {kind!r}",
+                                                     param="type"))
+        if rid in self.tasks:
+            return await self.error(rid, bad_request(f"id {rid!r} is already in flight",
+                                                     param="id"))
+        if len(self.tasks) >= MAX_REQUESTS_PER_SOCKET:
+            return await self.error(rid, bad_request("too many requests in flight on this "
+                                                     "socket"))
+        self.tasks[rid] = asyncio.create_task(self.run(rid, message))
+        return None
+
+    async def run(self, rid: str, message: dict) -> None:
+        try:
+            await self._run(rid, message)
+        except APIError as exc:
+            await self.error(rid, exc)
+        except asyncio.CancelledError:
+            await self.send({"type": "error", "id": rid, "error": {
+                "message": "cancelled", "type": "cancelled", "param": None, "code": None}})
+        finally:
+            self.tasks.pop(rid, None)
+
+    async def _run(self, rid: str, message: dict) -> None:
+        endpoint = message.get("endpoint", "chat")
+        if endpoint not in ("chat", "completions"):
+            raise bad_request("endpoint must be 'chat' or 'completions'", param="endpoint")
+        body = message.get("body")
+        if isinstance(body, dict):
+            body = {**body, "stream": True}
+        req = parse_request("chat" if endpoint == "chat" else "completion", body)
+        service = self.state.require_service()
+        gen = service.prepare(req, salt=None)
+        service.enqueue(gen)
+        watcher = asyncio.create_task(self._report_position(rid, gen))
+        chunker = StreamChunker(req.kind, gen.job.request_id, self.state.model_name,
+                                gen.created, include_usage=False)
+        started: set[int] = set()
+        try:
+            async for delta in service.stream(gen):
+                watcher.cancel()
+                chunks = [] if delta.index in started else chunker.start(delta.index)
+                started.add(delta.index)
+                if delta.text or delta.logprobs:
+                    chunks.append(chunker.delta(delta.index, delta.text, delta.logprobs))
+                if delta.finish_reason is not None:
+                    chunks.append(chunker.finish(delta.index, delta.finish_reason))
+                for chunk in chunks:
+                    await self.send({"type": "chunk", "id": rid, "data": chunk})
+        finally:
+            watcher.cancel()
+        if self.state.metrics is not None:
+            self.state.metrics.observe_finished(gen)
+        await self.send({"type": "done", "id": rid, "usage": usage_of(gen)})
+
+    async def _report_position(self, rid: str, gen) -> None:
+        last = None
+        queue = self.state.queue
+        while gen.job.entry is not None and gen.job.entry.queued:
+            position = queue.position(gen.job.entry)
+            if position != last:
+                await self.send({"type": "queued", "id": rid, "position": position})
+                last = position
+            await asyncio.sleep(POSITION_INTERVAL)
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
+    state = request.app[STATE]
+    ws = web.WebSocketResponse(max_msg_size=state.config.max_body_bytes, heartbeat=30.0)
+    await ws.prepare(request)
+    conn = Connection(ws, state)
+    state.open_responses.add(ws)
+    try:
+        async for msg in ws:
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await conn.handle(msg.data)
+            elif msg.type == WSMsgType.ERROR:
+                break
+    finally:
+        state.open_responses.discard(ws)
+        await conn.close()
+    return ws
