@@ -42,10 +42,16 @@ def read_number(body: dict, name: str, default: float | None, lo: float | None =
     value = body.get(name)
     if value is None:
         return default
-    if not (is_int(value) or isinstance(value, float)) or not math.isfinite(value):
+    if not (is_int(value) or isinstance(value, float)):
         raise _wrong(name, "a finite number", value)
-    _check_range(name, value, lo, hi)
-    return float(value)
+    try:
+        number = float(value)  # an integer beyond float's range overflows here
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise bad_request(f"{name} must be a finite number", name)
+    _check_range(name, number, lo, hi)
+    return number
 
 
 def read_bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:

@@ -67,7 +67,11 @@ class GenerationRequest:
 
 def parse_request(kind: str, body: Any) -> GenerationRequest:
     """Dispatch on the endpoint: "chat" (/v1/chat/completions) or "completion" (/v1/completions)."""
-    return parse_chat_request(body) if kind == "chat" else parse_completion_request(body)
+    if kind == "chat":
+        return parse_chat_request(body)
+    if kind == "completion":
+        return parse_completion_request(body)
+    raise ValueError(f"unknown request kind {kind!r}")  # a caller's bug, not the client's
 
 
 def parse_chat_request(body: Any) -> GenerationRequest:

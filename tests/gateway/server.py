@@ -1,0 +1,65 @@
+"""Start a real gateway process on a free loopback port and wait until it is ready."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GatewayProcess:
+    def __init__(self, *flags: str, ready_timeout: float = 240.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.log = open(os.devnull, "wb") if not os.environ.get("GATEWAY_TEST_LOG") else None
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--port", str(self.port), *flags],
+            env=env, stdout=self.log, stderr=self.log, start_new_session=True)
+        self.wait_ready(ready_timeout)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {self.proc.returncode}")
+            try:
+                if self.get("/ready")[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("gateway did not become ready")
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples in /metrics (0 when absent)."""
+        total = 0.0
+        for line in self.get("/metrics")[1].decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
