@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: venv run test bench info clean
+.PHONY: venv run test bench info clean demo
 
 venv: $(STAMP)
 
@@ -18,7 +18,7 @@ $(STAMP):
 	touch $(STAMP)
 
 run: venv
-	$(PY) -m runtime generate --chat --prompt "What is the capital of France?" --max-tokens 64
+	$(PY) -m gateway --host 127.0.0.1 --port 8000
 
 info: venv
 	$(PY) -m runtime info
@@ -31,3 +31,6 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+demo: venv
+	$(PY) -m runtime generate --chat --prompt "What is the capital of France?" --max-tokens 64
