@@ -6,7 +6,12 @@ import logging
 
 from aiohttp import web
 
+from gateway.accounting import Accounting
 from gateway.config import GatewayConfig
+from gateway.fairshare import FairShare
+from gateway.keys import KeyStore
+from gateway.ledger import Ledger
+from gateway.pricing import PRESETS, PriceBook
 from gateway.dispatch import Dispatcher
 from gateway.http_errors import error_middleware
 from gateway.metrics import GatewayMetrics
@@ -29,6 +34,10 @@ def create_app(config: GatewayConfig) -> web.Application:
                                   ready_timeout=config.worker_ready_timeout)
                      for i in range(config.workers)]
     state.dispatcher = Dispatcher(state.workers, state.queue, config.affinity_margin)
+    state.keys = KeyStore.from_toml(config.keys_file) if config.keys_file else None
+    state.accounting = Accounting(load_prices(config.prices),
+                                  Ledger(config.resolved_ledger_path()),
+                                  FairShare(config.fair_share_tokens_per_second))
     app[STATE] = state
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
@@ -38,7 +47,7 @@ def create_app(config: GatewayConfig) -> web.Application:
 async def _lifecycle(app: web.Application):
     state = app[STATE]
     for w in state.workers:
-        w.on_output = lambda worker, out: out["finished"] and state.dispatcher.notify()
+        w.on_output = lambda worker, out: _on_output(state, out)
         w.on_ready = lambda worker: _on_worker_ready(state, worker)
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
              asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher")]
@@ -50,6 +59,8 @@ async def _lifecycle(app: web.Application):
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.gather(*(w.close() for w in state.workers), return_exceptions=True)
+    if state.accounting.ledger is not None:
+        state.accounting.ledger.close()
 
 
 async def _start_workers(state: GatewayState) -> None:
@@ -69,6 +80,16 @@ async def _start_workers(state: GatewayState) -> None:
             s.cancel()
 
 
+def _on_output(state: GatewayState, out: dict) -> None:
+    if out["finished"]:
+        state.accounting.on_output(out)  # before the client's stream sees the final output
+        state.dispatcher.notify()  # a slot is free
+
+
+def load_prices(spec: str) -> PriceBook:
+    return PriceBook.preset(spec) if spec in PRESETS else PriceBook.from_toml(spec)
+
+
 def _on_worker_ready(state: GatewayState, worker: WorkerHandle) -> None:
     if state.service is None:
         _become_ready(state, worker.info)
@@ -78,7 +99,9 @@ def _on_worker_ready(state: GatewayState, worker: WorkerHandle) -> None:
 def _become_ready(state: GatewayState, info: dict) -> None:
     tokenizer = Tokenizer.from_json(info["tokenizer"])
     state.model_name = info["model"]
+    state.accounting.model = info["model"]
     state.metrics = GatewayMetrics(info["model"])
     state.service = GenerationService(tokenizer, state.dispatcher, info["max_model_len"],
-                                      info["vocab_size"], state.config.default_max_tokens)
+                                      info["vocab_size"], state.config.default_max_tokens,
+                                      state.accounting)
     log.info("serving %s from %d worker(s)", info["model"], len(state.workers))

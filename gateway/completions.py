@@ -21,7 +21,8 @@ def response_headers(gen: Generation) -> dict:
 
 def usage_of(gen: Generation) -> dict:
     u = gen.usage
-    return usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+    extra = {"cost": gen.charge.cost.as_dict()} if gen.charge is not None else None
+    return usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens, extra)
 
 
 async def deltas_with_keepalive(state: GatewayState, gen: Generation, on_idle):

@@ -28,6 +28,10 @@ class GatewayConfig:
     default_max_tokens: int | None = None  # None: the rest of the context
     keepalive_seconds: float = 10.0  # SSE comment while a stream is quiet
     worker_ready_timeout: float = 600.0
+    keys_file: str | None = None  # API keys and tenants (TOML); None: loopback, one tenant
+    prices: str = "seed"  # a preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML
+    ledger_path: str | None = None  # SQLite ledger; None: <cache dir>/ledger.sqlite3
+    fair_share_tokens_per_second: float = 1000.0
     fake: bool = False  # deterministic fake engine instead of a model (tests, benchmarks)
     fake_step_ms: float = 2.0
 
@@ -45,6 +49,13 @@ class GatewayConfig:
         if self.fake:
             argv += ["--fake", "--fake-step-ms", str(self.fake_step_ms)]
         return argv
+
+    def resolved_ledger_path(self) -> str:
+        if self.ledger_path:
+            return self.ledger_path
+        base = os.environ.get("INFERSTACK_CACHE_DIR") or os.path.expanduser("~/.cache/inferstack")
+        os.makedirs(base, exist_ok=True)
+        return os.path.join(base, "ledger.sqlite3")
 
     def threads(self) -> int:
         if self.threads_per_worker:
@@ -69,6 +80,10 @@ HELP = {
     "default_max_tokens": "output budget when a request gives none (default: rest of context)",
     "keepalive_seconds": "SSE keep-alive comment interval on a quiet stream",
     "worker_ready_timeout": "seconds a worker may take to load its model",
+    "keys_file": "TOML file of API keys and tenants (without it: loopback only, one tenant)",
+    "prices": "price preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML file",
+    "ledger_path": "SQLite ledger of finished requests (default: in the cache folder)",
+    "fair_share_tokens_per_second": "nominal rate converting tokens to fair-share time",
     "fake": "serve a deterministic fake engine instead of a model",
     "fake_step_ms": "simulated milliseconds per fake engine step",
 }

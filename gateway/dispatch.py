@@ -58,21 +58,23 @@ class Dispatcher:
         self._wake = asyncio.Event()
 
     # ---- admission ----------------------------------------------------------------------
-    def enqueue(self, job: Job) -> None:
+    def enqueue(self, job: Job, virtual_start: float | None = None) -> None:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
-        job.entry = QueueEntry(job.request_id, job.priority, job)
+        job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start)
         self.queue.push(job.entry)
         self.notify()
 
-    def cancel(self, job: Job) -> None:
-        """The client left: drop the job from the queue, or abort it on its worker."""
+    def cancel(self, job: Job) -> bool:
+        """The client left: drop the job from the queue (True), or abort it on its worker
+        (False: the worker's final outputs still arrive and are billed)."""
         if job.entry is not None and self.queue.remove(job.entry):
             if not job.assigned.done():
                 job.assigned.cancel()
-            return
+            return True
         if job.worker is not None:
             for sub_id in job.sub_ids:
                 job.worker.abort(sub_id)
+        return False
 
     def notify(self) -> None:
         self._wake.set()

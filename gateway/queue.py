@@ -27,6 +27,7 @@ class QueueEntry:
     priority: int
     payload: object
     arrival: float = field(default_factory=time.monotonic)
+    virtual_start: float | None = None  # fair-share start time; None: the arrival
     key: float = 0.0
     removed: bool = False  # left the line before its turn (its client went away)
     queued: bool = False
@@ -47,7 +48,8 @@ class RequestQueue:
     def push(self, entry: QueueEntry) -> None:
         if self._size >= self.max_size:
             raise QueueFull(self.retry_after())
-        entry.key = entry.priority * self.aging_seconds + entry.arrival
+        start = entry.arrival if entry.virtual_start is None else entry.virtual_start
+        entry.key = entry.priority * self.aging_seconds + start
         heapq.heappush(self._heap, (entry.key, next(self._count), entry))
         entry.queued = True
         self._size += 1

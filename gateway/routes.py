@@ -1,13 +1,17 @@
 """Every HTTP route of the gateway, in one table."""
 from __future__ import annotations
 
+import asyncio
 import time
 
 import orjson
 from aiohttp import web
 
 from gateway.completions import respond_json, stream_sse
+from gateway.admission import admit
+from gateway.auth import authenticate, require_admin
 from gateway.errors import bad_request
+from gateway.ledger import PERIOD_FORMATS
 from gateway.http_errors import json_response
 from gateway.openai_api import parse_request
 from gateway.openapi import build_openapi
@@ -25,13 +29,37 @@ async def read_json(request: web.Request):
 
 async def generate(request: web.Request, kind: str):
     state = request.app[STATE]
+    key = authenticate(request, state.keys)
     service = state.require_service()
-    req = parse_request(kind, await read_json(request))
-    gen = service.prepare(req, salt=None)
-    service.enqueue(gen)
+    body = await read_json(request)
+    gen = admit(state, key, parse_request(kind, body), body)
+    req = gen.request
     if req.stream:
         return await stream_sse(request, state, gen)
     return await respond_json(state, gen)
+
+
+async def usage(request: web.Request):
+    """GET /admin/usage?period=hour|day|month|all&tenant=&since=&until= (unix seconds)."""
+    state = request.app[STATE]
+    require_admin(authenticate(request, state.keys))
+    q = request.query
+    period = q.get("period", "day")
+    if period not in PERIOD_FORMATS:
+        raise bad_request(f"period must be one of {sorted(PERIOD_FORMATS)}", param="period")
+    bounds = {}
+    for name in ("since", "until"):
+        if name in q:
+            try:
+                bounds[name] = float(q[name])
+            except ValueError:
+                raise bad_request(f"{name} must be unix seconds", param=name) from None
+    ledger = state.accounting.ledger
+    await asyncio.to_thread(ledger.flush)
+    rows = await asyncio.to_thread(ledger.totals, period, bounds.get("since"),
+                                   bounds.get("until"), q.get("tenant"))
+    return json_response({"object": "list", "period": period, "data": rows,
+                          "prices": state.accounting.prices.as_dict()})
 
 
 async def chat_completions(request: web.Request):
@@ -86,3 +114,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    app.router.add_get("/admin/usage", usage)

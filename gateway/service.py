@@ -47,8 +47,9 @@ class Generation:
     dispatched_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
-    usage: JobUsage = field(default_factory=JobUsage)
+    usage: JobUsage = field(default_factory=JobUsage)  # kept by the accounting
     finish_reasons: dict[int, str] = field(default_factory=dict)
+    charge: object = None  # gateway.accounting.Charge once admitted
 
     @property
     def queue_seconds(self) -> float:
@@ -58,7 +59,8 @@ class Generation:
 
 class GenerationService:
     def __init__(self, tokenizer, dispatcher: Dispatcher, max_model_len: int, vocab_size: int,
-                 default_max_tokens: int | None = None):
+                 default_max_tokens: int | None = None, accounting=None):
+        self.accounting = accounting
         self.tokenizer = tokenizer
         self.dispatcher = dispatcher
         self.max_model_len = max_model_len
@@ -67,7 +69,7 @@ class GenerationService:
 
     # ---- before the queue ---------------------------------------------------------------
     def prepare(self, request: GenerationRequest, salt: str | None = None,
-                request_id: str | None = None) -> Generation:
+                request_id: str | None = None, priority: int | None = None) -> Generation:
         prompt_text, prompt = self._tokenize(request)
         n = len(prompt)
         if n == 0:
@@ -87,7 +89,7 @@ class GenerationService:
                               param="max_tokens", code="context_length_exceeded")
         params = request.sampling_params(max_tokens)
         job = Job(request_id or new_id(request.kind), prompt, _params_dict(params), request.n,
-                  request.priority, salt)
+                  request.priority if priority is None else priority, salt)
         return Generation(request, job, prompt_text)
 
     def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
@@ -106,11 +108,17 @@ class GenerationService:
     # ---- queue, worker, stream ----------------------------------------------------------
     def enqueue(self, gen: Generation) -> None:
         gen.enqueued_at = time.monotonic()
+        start = gen.charge.virtual_start if gen.charge is not None else None
         try:
-            self.dispatcher.enqueue(gen.job)
+            self.dispatcher.enqueue(gen.job, virtual_start=start)
         except QueueFull as exc:
+            self._drop(gen, "rejected")
             raise rate_limited("the request queue is full; retry later",
-                             retry_after_s=exc.retry_after) from None
+                               retry_after_s=exc.retry_after) from None
+
+    def _drop(self, gen: Generation, status: str) -> None:
+        if self.accounting is not None:
+            self.accounting.drop(gen, status)
 
     async def stream(self, gen: Generation) -> AsyncIterator[ChoiceDelta]:
         """Yield deltas until every choice has finished. Must follow `enqueue`."""
@@ -119,6 +127,7 @@ class GenerationService:
             try:
                 await job.assigned
             except WorkerDied as exc:
+                self._drop(gen, "error")
                 raise server_error(f"no worker could take the request: {exc}") from None
             gen.dispatched_at = time.monotonic()
             index = {sub_id: i for i, sub_id in enumerate(job.sub_ids)}
@@ -134,8 +143,8 @@ class GenerationService:
             done = True
             gen.finished_at = time.monotonic()
         finally:
-            if not done:
-                self.dispatcher.cancel(job)
+            if not done and self.dispatcher.cancel(job):
+                self._drop(gen, "cancelled")  # it left the queue before any worker saw it
 
     def _delta(self, gen: Generation, index: dict, item) -> ChoiceDelta | None:
         if isinstance(item, WorkerDied):
@@ -149,10 +158,6 @@ class GenerationService:
         if gen.first_token_at is None and item["tokens"]:
             gen.first_token_at = time.monotonic()
         if item["finished"]:
-            prompt, cached, completion = item["usage"]
-            gen.usage.prompt_tokens = prompt
-            gen.usage.cached_tokens = max(gen.usage.cached_tokens, cached)
-            gen.usage.completion_tokens += completion
             gen.finish_reasons[i] = item["reason"]
         return ChoiceDelta(i, item["text"], item["tokens"], self._logprobs(item),
                            item["reason"] if item["finished"] else None)

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from gateway.accounting import Accounting
 from gateway.config import GatewayConfig
+from gateway.keys import KeyStore
 from gateway.dispatch import Dispatcher
 from gateway.errors import APIError
 from gateway.metrics import GatewayMetrics
@@ -24,6 +26,8 @@ class GatewayState:
     dispatcher: Dispatcher | None = None
     service: GenerationService | None = None
     metrics: GatewayMetrics | None = None
+    keys: KeyStore | None = None  # None: single-tenant development mode
+    accounting: Accounting | None = None
     model_name: str = "unknown"
     started_at: float = field(default_factory=time.time)
     stop: asyncio.Event = field(default_factory=asyncio.Event)

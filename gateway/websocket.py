@@ -17,6 +17,8 @@ import asyncio
 import orjson
 from aiohttp import WSMsgType, web
 
+from gateway.admission import admit
+from gateway.auth import authenticate
 from gateway.completions import usage_of
 from gateway.errors import APIError, bad_request
 from gateway.openai_api import parse_request
@@ -28,9 +30,10 @@ POSITION_INTERVAL = 0.25
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, state):
+    def __init__(self, ws: web.WebSocketResponse, state, key):
         self.ws = ws
         self.state = state
+        self.key = key  # authenticated once, at the upgrade
         self.tasks: dict[str, asyncio.Task] = {}
 
     async def send(self, message: dict) -> None:
@@ -91,8 +94,7 @@ class Connection:
             body = {**body, "stream": True}
         req = parse_request("chat" if endpoint == "chat" else "completion", body)
         service = self.state.require_service()
-        gen = service.prepare(req, salt=None)
-        service.enqueue(gen)
+        gen = admit(self.state, self.key, req, body)
         watcher = asyncio.create_task(self._report_position(rid, gen))
         chunker = StreamChunker(req.kind, gen.job.request_id, self.state.model_name,
                                 gen.created, include_usage=False)
@@ -132,9 +134,10 @@ class Connection:
 
 async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
     state = request.app[STATE]
+    key = authenticate(request, state.keys)  # 401 before the upgrade
     ws = web.WebSocketResponse(max_msg_size=state.config.max_body_bytes, heartbeat=30.0)
     await ws.prepare(request)
-    conn = Connection(ws, state)
+    conn = Connection(ws, state, key)
     state.open_responses.add(ws)
     try:
         async for msg in ws:

@@ -176,6 +176,8 @@ class WorkerHandle:
             self.pending_blocks = 0
         elif kind == "rejected":
             stream = self.inflight.get(message["id"])
+            if self.on_output is not None:
+                self.on_output(self, _ended(message["id"], "rejected"))
             self.release(message["id"])
             if stream is not None:
                 stream.put_nowait(message)
@@ -187,10 +189,18 @@ class WorkerHandle:
             log.error("worker %d (pid %s) exited with %s; %d requests failed",
                       self.index, self.pid, code, len(self.inflight))
         for rid, stream in list(self.inflight.items()):
+            if self.on_output is not None:
+                self.on_output(self, _ended(rid, "error"))
             stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}", rid))
         self.inflight.clear()
         self.priorities.clear()
         self.pending_blocks = 0
+
+
+def _ended(request_id: str, reason: str) -> dict:
+    """A final output for a request that produced nothing we can bill (refused, or lost)."""
+    return {"id": request_id, "tokens": [], "text": "", "finished": True, "reason": reason,
+            "stop_reason": None, "usage": None, "logprobs": None, "synthetic": True}
 
 
 async def supervise(handle: WorkerHandle, stop: asyncio.Event, max_backoff: float = 10.0):

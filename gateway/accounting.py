@@ -1,0 +1,139 @@
+"""Tenants and money on the request's path: admit (rate limit, budget reservation, fair-share
+start), then meter every worker output, and settle once when the request ends.
+
+Settlement happens exactly once per request whatever ends it: every choice finished (billed
+for what it produced, an abort included), dropped from the queue before any worker saw it
+(not billed), or lost with a crashed worker or refused by it (not billed: our fault). It
+returns the reservation, refunds unused rate-limit tokens, corrects the fair-share clock and
+writes the ledger row.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from gateway.budget import BudgetBook, BudgetExceeded, Reservation
+from gateway.errors import APIError, payment_required, rate_limited
+from gateway.fairshare import FairShare
+from gateway.keys import ApiKey
+from gateway.ledger import Ledger, LedgerRow
+from gateway.pricing import ZERO_COST, Cost, PriceBook
+from gateway.ratelimit import RateLimiter
+
+
+@dataclass
+class Charge:
+    key: ApiKey
+    reservation: Reservation
+    tokens_charged: int  # against the tokens-per-minute bucket
+    multiplier: float  # time-of-day price multiplier at admission
+    virtual_start: float
+    subs_left: int
+    cost: Cost = ZERO_COST
+    statuses: set = field(default_factory=set)
+    settled: bool = False
+
+
+class Accounting:
+    def __init__(self, prices: PriceBook, ledger: Ledger | None = None,
+                 fair: FairShare | None = None, model: str = "model"):
+        self.prices = prices
+        self.ledger = ledger
+        self.budgets = BudgetBook(ledger.spent_since if ledger else None)
+        self.limiter = RateLimiter()
+        self.fair = fair or FairShare()
+        self.model = model
+        self.inflight: dict[str, object] = {}  # engine request id -> Generation
+        self.revenue = ZERO_COST  # since start, for metrics
+
+    # ---- admission ----------------------------------------------------------------------
+    def admit(self, gen, key: ApiKey) -> None:
+        """Charge the rate limits and reserve the largest possible cost, or raise 429 / 402."""
+        tenant, job = key.tenant, gen.job
+        max_output = job.params["max_tokens"] * job.n
+        tokens = len(job.prompt) + max_output
+        wait = self.limiter.check(tenant, tokens)
+        if wait > 0:
+            raise rate_limited(f"tenant {tenant.name!r} is over its rate limit",
+                               retry_after_s=wait if wait != float("inf") else 60)
+        multiplier = self.prices.multiplier()
+        worst = self.prices.cost(0, len(job.prompt), max_output, multiplier).total
+        try:
+            reservation = self.budgets.reserve(tenant, worst)
+        except BudgetExceeded as exc:
+            self.limiter.refund(tenant, tokens)
+            raise payment_required(str(exc)) from None
+        start = self.fair.start(tenant.name, tenant.weight, tokens)
+        gen.charge = Charge(key, reservation, tokens, multiplier, start, job.n)
+        for sub_id in job.sub_ids:
+            self.inflight[sub_id] = gen
+
+    # ---- metering -----------------------------------------------------------------------
+    def on_output(self, out: dict) -> None:
+        """Called for every worker output before the client's stream sees it."""
+        if not out.get("finished"):
+            return
+        gen = self.inflight.pop(out["id"], None)
+        if gen is None or gen.charge is None:
+            return
+        charge = gen.charge
+        usage = out.get("usage")
+        if usage is not None:
+            prompt, cached, completion = usage
+            first = gen.usage.prompt_tokens == 0  # input is billed once for n choices
+            if first:
+                gen.usage.prompt_tokens, gen.usage.cached_tokens = prompt, cached
+            gen.usage.completion_tokens += completion
+            charge.cost += self.prices.cost(cached if first else 0,
+                                            prompt - cached if first else 0, completion,
+                                            charge.multiplier)
+        charge.statuses.add(_status(out.get("reason")))
+        charge.subs_left -= 1
+        if charge.subs_left <= 0:
+            self.settle(gen)
+
+    def drop(self, gen, status: str) -> None:
+        """The request ended before any worker output: nothing produced, nothing billed."""
+        if gen.charge is None:
+            return
+        for sub_id in gen.job.sub_ids:
+            self.inflight.pop(sub_id, None)
+        gen.charge.statuses.add(status)
+        self.settle(gen)
+
+    def settle(self, gen) -> None:
+        charge = gen.charge
+        if charge.settled:
+            return
+        charge.settled = True
+        tenant = charge.key.tenant
+        self.budgets.settle(charge.reservation, charge.cost.total)
+        used = gen.usage.prompt_tokens + gen.usage.completion_tokens
+        self.limiter.refund(tenant, max(0, charge.tokens_charged - used))
+        self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
+        self.revenue += charge.cost
+        if self.ledger is not None:
+            self.ledger.record(self._row(gen))
+
+    def _row(self, gen) -> LedgerRow:
+        c, u = gen.charge, gen.usage
+        now_wall, now_mono = time.time(), time.monotonic()
+        created = now_wall - (now_mono - gen.enqueued_at) if gen.enqueued_at else now_wall
+        status = next((s for s in ("error", "rejected", "cancelled") if s in c.statuses), "ok")
+        return LedgerRow(
+            gen.job.request_id, c.key.tenant.name, c.key.name, self.model, created, now_wall,
+            gen.job.priority, u.cached_tokens, u.prompt_tokens - u.cached_tokens,
+            u.completion_tokens, c.cost.cache_hit_input, c.cost.cache_miss_input, c.cost.output,
+            c.cost.total, c.multiplier, gen.queue_seconds if gen.dispatched_at else None,
+            (gen.first_token_at - gen.enqueued_at) if gen.first_token_at else None,
+            now_mono - gen.enqueued_at if gen.enqueued_at else None,
+            ",".join(sorted(set(gen.finish_reasons.values()))) or None, status)
+
+
+def _status(reason: str | None) -> str:
+    return {"abort": "cancelled", "error": "error", "rejected": "rejected"}.get(reason, "ok")
+
+
+def ensure(condition: bool, error: APIError) -> None:
+    if not condition:
+        raise error

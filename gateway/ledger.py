@@ -1,0 +1,141 @@
+"""The durable ledger: one SQLite row (WAL mode) for every finished request.
+
+Rows are written by one background thread, so the event loop never waits on the disk;
+`flush()` waits until every queued row is committed. Reads use their own connection.
+"""
+from __future__ import annotations
+
+import queue
+import sqlite3
+import threading
+import time
+from dataclasses import astuple, dataclass, fields
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, key_name TEXT, model TEXT,
+    created REAL NOT NULL, finished REAL NOT NULL, priority INTEGER,
+    cache_hit_tokens INTEGER NOT NULL, cache_miss_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cost_cache_hit REAL NOT NULL, cost_cache_miss REAL NOT NULL, cost_output REAL NOT NULL,
+    cost_total REAL NOT NULL, price_multiplier REAL NOT NULL,
+    queue_seconds REAL, ttft_seconds REAL, e2e_seconds REAL,
+    finish_reason TEXT, status TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS requests_tenant_finished ON requests (tenant, finished);
+"""
+
+PERIOD_FORMATS = {"hour": "%Y-%m-%dT%H:00", "day": "%Y-%m-%d", "month": "%Y-%m", "all": "all"}
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    id: str
+    tenant: str
+    key_name: str | None
+    model: str | None
+    created: float  # unix seconds
+    finished: float
+    priority: int
+    cache_hit_tokens: int
+    cache_miss_tokens: int
+    output_tokens: int
+    cost_cache_hit: float
+    cost_cache_miss: float
+    cost_output: float
+    cost_total: float
+    price_multiplier: float
+    queue_seconds: float | None
+    ttft_seconds: float | None
+    e2e_seconds: float | None
+    finish_reason: str | None
+    status: str  # "ok", "cancelled", "error", "rejected"
+
+
+class Ledger:
+    def __init__(self, path: str):
+        self.path = path
+        with self._connect() as db:
+            db.executescript(SCHEMA)
+        self._rows: queue.Queue = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="ledger-writer",
+                                        daemon=True)
+        self._writer.start()
+        self.rows_written = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        return db
+
+    # ---- writes -------------------------------------------------------------------------
+    def record(self, row: LedgerRow) -> None:
+        self._rows.put(row)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        done = threading.Event()
+        self._rows.put(done)
+        done.wait(timeout)
+
+    def close(self) -> None:
+        self.flush()
+        self._rows.put(None)
+        self._writer.join(timeout=30)
+
+    def _write_loop(self) -> None:
+        db = self._connect()
+        marks = ",".join("?" * len(fields(LedgerRow)))
+        while True:
+            item = self._rows.get()
+            batch = [item]
+            while not self._rows.empty() and len(batch) < 512:
+                batch.append(self._rows.get_nowait())
+            rows = [astuple(r) for r in batch if isinstance(r, LedgerRow)]
+            if rows:
+                with db:
+                    db.executemany(f"INSERT OR REPLACE INTO requests VALUES ({marks})", rows)
+                self.rows_written += len(rows)
+            for r in batch:
+                if isinstance(r, threading.Event):
+                    r.set()
+            if any(r is None for r in batch):
+                db.close()
+                return
+
+    # ---- reads --------------------------------------------------------------------------
+    def spent_since(self, tenant: str, since: float) -> float:
+        with self._connect() as db:
+            (total,) = db.execute("SELECT COALESCE(SUM(cost_total), 0) FROM requests "
+                                  "WHERE tenant = ? AND created >= ?", (tenant, since)).fetchone()
+        return float(total)
+
+    def totals(self, period: str = "day", since: float | None = None,
+               until: float | None = None, tenant: str | None = None) -> list[dict]:
+        """Sums per tenant and period bucket (hour, day, month or all), newest first."""
+        fmt = PERIOD_FORMATS[period]
+        bucket = "'all'" if period == "all" else f"strftime('{fmt}', created, 'unixepoch')"
+        where, args = ["1=1"], []
+        for clause, value in (("created >= ?", since), ("created < ?", until),
+                              ("tenant = ?", tenant)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        sql = (f"SELECT tenant, {bucket} AS period, COUNT(*), SUM(cache_hit_tokens), "
+               f"SUM(cache_miss_tokens), SUM(output_tokens), SUM(cost_cache_hit), "
+               f"SUM(cost_cache_miss), SUM(cost_output), SUM(cost_total) FROM requests "
+               f"WHERE {' AND '.join(where)} GROUP BY tenant, period "
+               f"ORDER BY period DESC, tenant")
+        names = ("tenant", "period", "requests", "cache_hit_tokens", "cache_miss_tokens",
+                 "output_tokens", "cost_cache_hit", "cost_cache_miss", "cost_output",
+                 "cost_total")
+        with self._connect() as db:
+            return [dict(zip(names, r)) for r in db.execute(sql, args).fetchall()]
+
+    def rows(self) -> list[LedgerRow]:
+        with self._connect() as db:
+            return [LedgerRow(*r) for r in db.execute("SELECT * FROM requests").fetchall()]
+
+
+def now() -> float:
+    return time.time()
