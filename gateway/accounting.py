@@ -45,6 +45,7 @@ class Accounting:
         self.model = model
         self.inflight: dict[str, object] = {}  # engine request id -> Generation
         self.revenue = ZERO_COST  # since start, for metrics
+        self.on_settle = []  # callbacks(tenant name, Cost, usage) for telemetry
 
     # ---- admission ----------------------------------------------------------------------
     def admit(self, gen, key: ApiKey) -> None:
@@ -112,6 +113,8 @@ class Accounting:
         self.limiter.refund(tenant, max(0, charge.tokens_charged - used))
         self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
         self.revenue += charge.cost
+        for callback in self.on_settle:
+            callback(tenant.name, charge.cost, gen.usage)
         if self.ledger is not None:
             self.ledger.record(self._row(gen))
 

@@ -101,6 +101,7 @@ def _become_ready(state: GatewayState, info: dict) -> None:
     state.model_name = info["model"]
     state.accounting.model = info["model"]
     state.metrics = GatewayMetrics(info["model"])
+    state.accounting.on_settle.append(state.metrics.observe_settled)
     state.service = GenerationService(tokenizer, state.dispatcher, info["max_model_len"],
                                       info["vocab_size"], state.config.default_max_tokens,
                                       state.accounting)

@@ -47,6 +47,12 @@ class GatewayMetrics:
                                  label + ["worker"], registry=r)
         self.workers_alive = Gauge("inferstack:workers_alive", "Workers ready to serve", label,
                                    registry=r)
+        self.revenue = Counter("inferstack:revenue_usd", "Billed dollars by kind and tenant",
+                               label + ["kind", "tenant"], registry=r)
+        self.tenant_tokens = Counter("inferstack:tenant_tokens", "Billed tokens by kind and tenant",
+                                     label + ["kind", "tenant"], registry=r)
+        self.budget_reserved = Gauge("inferstack:budget_reserved_usd",
+                                     "Dollars reserved by requests in flight", label, registry=r)
         self.worker_restarts = Gauge("inferstack:worker_restarts", "Worker restarts", label,
                                      registry=r)
 
@@ -64,10 +70,21 @@ class GatewayMetrics:
             self.e2e.labels(m).observe(gen.finished_at - gen.enqueued_at)
         self.queue_time.labels(m).observe(gen.queue_seconds)
 
-    def refresh(self, queue_length: int, workers) -> None:
+    def observe_settled(self, tenant: str, cost, usage) -> None:
+        m = self.model
+        for kind, dollars, tokens in (
+                ("cache_hit_input", cost.cache_hit_input, usage.cached_tokens),
+                ("cache_miss_input", cost.cache_miss_input,
+                 usage.prompt_tokens - usage.cached_tokens),
+                ("output", cost.output, usage.completion_tokens)):
+            self.revenue.labels(m, kind, tenant).inc(dollars)
+            self.tenant_tokens.labels(m, kind, tenant).inc(tokens)
+
+    def refresh(self, queue_length: int, workers, reserved: float = 0.0) -> None:
         """Copy the gauges from the queue and the workers' latest statistics."""
         m = self.model
         self.queue_length.labels(m).set(queue_length)
+        self.budget_reserved.labels(m).set(reserved)
         running = waiting = alive = restarts = 0
         for w in workers:
             s = w.stats

@@ -96,7 +96,8 @@ async def metrics(request: web.Request):
     state = request.app[STATE]
     if state.metrics is None:
         return web.Response(body=b"", content_type="text/plain")
-    state.metrics.refresh(len(state.queue), state.workers)
+    state.metrics.refresh(len(state.queue), state.workers,
+                          state.accounting.budgets.total_reserved())
     return web.Response(body=state.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
