@@ -25,29 +25,35 @@ def usage_of(gen: Generation) -> dict:
     return usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens, extra)
 
 
-async def deltas_with_keepalive(state: GatewayState, gen: Generation, on_idle):
-    """Yield the generation's deltas; call `on_idle()` whenever none came for a while."""
-    agen = state.service.stream(gen)
-    step = None
-    try:
+class KeepAlive:
+    """Sends an SSE comment whenever the stream has been quiet for `interval` seconds.
+
+    It runs beside the stream instead of wrapping each delta in a timeout, so the per-token
+    path stays a plain queue read. A keep-alive that finds the client gone cancels the stream.
+    """
+
+    def __init__(self, interval: float, send):
+        self.interval = interval
+        self.send = send
+        self.last = time.monotonic()
+        self.owner = asyncio.current_task()
+        self.task = asyncio.create_task(self._loop())
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+
+    async def _loop(self) -> None:
         while True:
-            step = asyncio.ensure_future(agen.__anext__())
-            while True:
-                done, _ = await asyncio.wait({step}, timeout=state.config.keepalive_seconds)
-                if done:
-                    break
-                if not await on_idle():
-                    step.cancel()
+            await asyncio.sleep(max(0.0, self.last + self.interval - time.monotonic()))
+            if time.monotonic() - self.last >= self.interval:
+                self.touch()
+                if not await self.send():
+                    self.owner.cancel()  # the client left while nothing was streaming
                     return
-            try:
-                yield step.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        if step is not None and not step.done():
-            step.cancel()  # runs the stream's own cleanup: the job is cancelled
-            await asyncio.gather(step, return_exceptions=True)
-        await agen.aclose()
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
 async def stream_sse(request: web.Request, state: GatewayState, gen: Generation):
@@ -59,20 +65,24 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
     sse: SSEStream | None = None
     started: set[int] = set()
     last = time.monotonic()
+    opening = asyncio.Lock()
 
     async def ensure_open() -> SSEStream:
         nonlocal sse
-        if sse is None:
-            sse = await SSEStream.open(request, response_headers(gen))
-            state.open_responses.add(sse.response)
+        async with opening:  # the keep-alive task may race the first delta
+            if sse is None:
+                sse = await SSEStream.open(request, response_headers(gen))
+                state.open_responses.add(sse.response)
         return sse
 
     async def keepalive() -> bool:
         return await (await ensure_open()).keepalive()
 
+    pinger = KeepAlive(state.config.keepalive_seconds, keepalive)
     try:
-        async for delta in deltas_with_keepalive(state, gen, keepalive):
-            out = await ensure_open()
+        async for delta in state.service.stream(gen):
+            pinger.touch()
+            out = sse if sse is not None else await ensure_open()
             events = []
             if delta.index not in started:
                 started.add(delta.index)
@@ -92,6 +102,7 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
                 for _ in delta.token_ids:
                     state.metrics.itl.labels(state.model_name).observe(gap)
             last = now
+        await pinger.stop()
         out = await ensure_open()
         for event in chunker.usage(usage_of(gen)):
             await out.send(event)
@@ -105,6 +116,7 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
         await sse.send_done()
         return sse.response
     finally:
+        await pinger.stop()
         if sse is not None:
             state.open_responses.discard(sse.response)
 

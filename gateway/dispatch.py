@@ -62,7 +62,7 @@ class Dispatcher:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
         job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start)
         self.queue.push(job.entry)
-        self.notify()
+        self.dispatch_ready()  # at once when a worker has room: no wait for the loop's turn
 
     def cancel(self, job: Job) -> bool:
         """The client left: drop the job from the queue (True), or abort it on its worker
