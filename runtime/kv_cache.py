@@ -72,6 +72,10 @@ class KVCacheManager:
                                                 self.block_size, request.block_hashes)
         return request.block_hashes[:n]
 
+    def block_hashes_upto(self, request: Request, num_tokens: int) -> list[bytes]:
+        """Chained hashes of the request's full blocks within its first `num_tokens`."""
+        return self._hashes(request, num_tokens)
+
     def match_prefix(self, request: Request) -> PrefixHit:
         """Longest run of cached full blocks that starts the request's tokens. At least the
         last token is always left to compute (its logits are needed). Changes nothing."""

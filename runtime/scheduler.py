@@ -146,6 +146,8 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        deferred: list[Request] = []
+        in_flight = self._prefix_blocks_in_flight()
         while budget > 0:
             request = self.waiting.peek()
             if request is None:
@@ -154,6 +156,9 @@ class Scheduler:
                     not self._preempt_for(request, out):
                 break
             hit = self.kv.match_prefix(request)
+            if self._next_block_in_flight(request, hit, in_flight):
+                deferred.append(self.waiting.pop())  # its prefix is being computed right now
+                continue
             num_new = request.num_tokens - request.num_computed_tokens \
                 - hit.num_blocks * self.kv.block_size
             if num_new > budget and not self.config.enable_chunked_prefill:
@@ -170,6 +175,32 @@ class Scheduler:
                 request.first_scheduled_time = time.monotonic()
             self._add(out, request, num_new)
             budget -= num_new
+            in_flight.update(self._pending_prompt_blocks(request))
+        for request in deferred:
+            self.waiting.push(request)
+
+    # ---- prefix-aware admission ---------------------------------------------------------
+    def _pending_prompt_blocks(self, request: Request) -> list[bytes]:
+        """Hashes of the request's full prompt blocks not computed yet."""
+        if not self.kv.enable_prefix_caching or \
+                request.num_computed_tokens >= request.num_prompt_tokens:
+            return []
+        hashes = self.kv.block_hashes_upto(request, request.num_prompt_tokens)
+        return hashes[request.num_computed_tokens // self.kv.block_size:]
+
+    def _prefix_blocks_in_flight(self) -> set[bytes]:
+        pending: set[bytes] = set()
+        for r in self.running:
+            pending.update(self._pending_prompt_blocks(r))
+        return pending
+
+    def _next_block_in_flight(self, request: Request, hit, in_flight: set[bytes]) -> bool:
+        """True when the first block this request would compute is being computed by a
+        running request: waiting a step or two turns that recompute into a cache hit."""
+        if not in_flight:
+            return False
+        hashes = self.kv.block_hashes_upto(request, request.num_tokens - 1)
+        return hit.num_blocks < len(hashes) and hashes[hit.num_blocks] in in_flight
 
     def _add(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
         out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))

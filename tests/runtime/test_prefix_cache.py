@@ -221,3 +221,18 @@ def test_smollm_greedy_identical_with_cache_on_and_off(smollm_checkpoint):
                                                            enable_prefix_caching=flag))
         outs[flag] = [engine.generate([p], params)[0] for p in prompts]
     assert outs[True] == outs[False]
+
+
+def test_concurrent_requests_wait_for_a_prefix_being_computed(make_tiny_engine):
+    """Cold cache, simultaneous arrivals: later requests wait for the first one's prefill
+    instead of recomputing the same document, then hit all of it."""
+    engine = make_tiny_engine(max_num_batched_tokens=64)  # room for q0 and part of q1
+    for i in range(4):
+        engine.add_request(f"q{i}", REPORT + [61 + i], GREEDY)
+    finals = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step()[0]:
+            if o.finished:
+                finals[o.request_id] = o
+    assert finals["q0"].usage.cached_tokens == 0
+    assert [finals[f"q{i}"].usage.cached_tokens for i in (1, 2, 3)] == [40, 40, 40]
