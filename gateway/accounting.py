@@ -45,7 +45,7 @@ class Accounting:
         self.model = model
         self.inflight: dict[str, object] = {}  # engine request id -> Generation
         self.revenue = ZERO_COST  # since start, for metrics
-        self.on_settle = []  # callbacks(tenant name, Cost, usage) for telemetry
+        self.on_settle = []  # callbacks(Generation) for metrics, traces and the live feed
 
     # ---- admission ----------------------------------------------------------------------
     def admit(self, gen, key: ApiKey) -> None:
@@ -78,6 +78,10 @@ class Accounting:
         if gen is None or gen.charge is None:
             return
         charge = gen.charge
+        if out.get("reason") and out["id"] in gen.job.sub_ids:
+            gen.finish_reasons[gen.job.sub_ids.index(out["id"])] = out["reason"]
+        if out.get("timing") and gen.worker_timing is None:
+            gen.worker_timing = out["timing"]
         usage = out.get("usage")
         if usage is not None:
             prompt, cached, completion = usage
@@ -107,6 +111,7 @@ class Accounting:
         if charge.settled:
             return
         charge.settled = True
+        gen.settled_at = time.monotonic()
         tenant = charge.key.tenant
         self.budgets.settle(charge.reservation, charge.cost.total)
         used = gen.usage.prompt_tokens + gen.usage.completion_tokens
@@ -114,7 +119,7 @@ class Accounting:
         self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
         self.revenue += charge.cost
         for callback in self.on_settle:
-            callback(tenant.name, charge.cost, gen.usage)
+            callback(gen)
         if self.ledger is not None:
             self.ledger.record(self._row(gen))
 

@@ -9,6 +9,10 @@ from aiohttp import web
 from gateway.accounting import Accounting
 from gateway.config import GatewayConfig
 from gateway.fairshare import FairShare
+from gateway.feed import FeedHub
+from gateway.otlp_metrics import push_loop
+from gateway.snapshot import SnapshotBuilder
+from gateway.telemetry import Telemetry
 from gateway.keys import KeyStore
 from gateway.ledger import Ledger
 from gateway.pricing import PRESETS, PriceBook
@@ -25,7 +29,8 @@ from runtime.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 
-def create_app(config: GatewayConfig) -> web.Application:
+def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Application:
+    """The gateway. `in_memory_spans` keeps finished spans for tests to read."""
     app = web.Application(client_max_size=config.max_body_bytes,
                           middlewares=[error_middleware])
     state = GatewayState(config)
@@ -38,6 +43,13 @@ def create_app(config: GatewayConfig) -> web.Application:
     state.accounting = Accounting(load_prices(config.prices),
                                   Ledger(config.resolved_ledger_path()),
                                   FairShare(config.fair_share_tokens_per_second))
+    state.feed = FeedHub()
+    state.snapshots = SnapshotBuilder(state)
+    state.accounting.on_settle.append(state.snapshots.on_settled)
+    if config.telemetry:
+        state.telemetry = Telemetry(otlp_endpoint=config.otlp_endpoint,
+                                    in_memory=in_memory_spans, publish=state.feed.add_span)
+        state.accounting.on_settle.append(state.telemetry.request_finished)
     app[STATE] = state
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
@@ -50,7 +62,12 @@ async def _lifecycle(app: web.Application):
         w.on_output = lambda worker, out: _on_output(state, out)
         w.on_ready = lambda worker: _on_worker_ready(state, worker)
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
-             asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher")]
+             asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher"),
+             asyncio.create_task(_feed_loop(state), name="feed")]
+    if state.config.otlp_endpoint:
+        tasks.append(asyncio.create_task(push_loop(
+            lambda: state.metrics.registry if state.metrics else None,
+            state.config.otlp_endpoint, state.stop, state.config.otlp_interval_seconds)))
     yield
     state.stop.set()
     for response in list(state.open_responses):
@@ -61,6 +78,8 @@ async def _lifecycle(app: web.Application):
     await asyncio.gather(*(w.close() for w in state.workers), return_exceptions=True)
     if state.accounting.ledger is not None:
         state.accounting.ledger.close()
+    if state.telemetry is not None:
+        await asyncio.to_thread(state.telemetry.shutdown)  # exporters may post to this loop
 
 
 async def _start_workers(state: GatewayState) -> None:
@@ -78,6 +97,19 @@ async def _start_workers(state: GatewayState) -> None:
     finally:
         for s in supervisors:
             s.cancel()
+
+
+async def _feed_loop(state: GatewayState, tick: float = 0.25) -> None:
+    """Spans out every tick, a gauge snapshot every second, to live-feed subscribers."""
+    resource = {"attributes": [{"key": "service.name",
+                                "value": {"stringValue": "inferstack-gateway"}}]}
+    ticks = 0
+    while not state.stop.is_set():
+        await asyncio.sleep(tick)
+        ticks += 1
+        state.feed.flush_spans(resource)
+        if ticks % round(1 / tick) == 0 and state.feed.subscribers:
+            state.feed.publish(state.snapshots.build())
 
 
 def _on_output(state: GatewayState, out: dict) -> None:

@@ -32,6 +32,9 @@ class GatewayConfig:
     prices: str = "seed"  # a preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML
     ledger_path: str | None = None  # SQLite ledger; None: <cache dir>/ledger.sqlite3
     fair_share_tokens_per_second: float = 1000.0
+    telemetry: bool = True  # request spans and the live feed
+    otlp_endpoint: str | None = None  # OTLP/HTTP collector base URL (traces and metrics)
+    otlp_interval_seconds: float = 10.0
     fake: bool = False  # deterministic fake engine instead of a model (tests, benchmarks)
     fake_step_ms: float = 2.0
 
@@ -84,6 +87,9 @@ HELP = {
     "prices": "price preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML file",
     "ledger_path": "SQLite ledger of finished requests (default: in the cache folder)",
     "fair_share_tokens_per_second": "nominal rate converting tokens to fair-share time",
+    "telemetry": "record request spans and serve the live feed (/admin/telemetry)",
+    "otlp_endpoint": "OTLP/HTTP collector base URL, e.g. http://127.0.0.1:4318",
+    "otlp_interval_seconds": "seconds between OTLP metric pushes",
     "fake": "serve a deterministic fake engine instead of a model",
     "fake_step_ms": "simulated milliseconds per fake engine step",
 }

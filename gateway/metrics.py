@@ -70,8 +70,8 @@ class GatewayMetrics:
             self.e2e.labels(m).observe(gen.finished_at - gen.enqueued_at)
         self.queue_time.labels(m).observe(gen.queue_seconds)
 
-    def observe_settled(self, tenant: str, cost, usage) -> None:
-        m = self.model
+    def observe_settled(self, gen) -> None:
+        m, tenant, cost, usage = self.model, gen.charge.key.tenant.name, gen.charge.cost, gen.usage
         for kind, dollars, tokens in (
                 ("cache_hit_input", cost.cache_hit_input, usage.cached_tokens),
                 ("cache_miss_input", cost.cache_miss_input,

@@ -11,12 +11,20 @@ from gateway.completions import respond_json, stream_sse
 from gateway.admission import admit
 from gateway.auth import authenticate, require_admin
 from gateway.errors import bad_request
+from gateway.feed_route import telemetry_handler
 from gateway.ledger import PERIOD_FORMATS
 from gateway.http_errors import json_response
 from gateway.openai_api import parse_request
 from gateway.openapi import build_openapi
 from gateway.state import STATE
 from gateway.websocket import websocket_handler
+
+
+def trace_context(request: web.Request) -> dict | None:
+    """The client's W3C trace context, continued by the request's span."""
+    headers = {k: request.headers[k] for k in ("traceparent", "tracestate")
+               if k in request.headers}
+    return headers or None
 
 
 async def read_json(request: web.Request):
@@ -32,7 +40,7 @@ async def generate(request: web.Request, kind: str):
     key = authenticate(request, state.keys)
     service = state.require_service()
     body = await read_json(request)
-    gen = admit(state, key, parse_request(kind, body), body)
+    gen = admit(state, key, parse_request(kind, body), body, trace_context(request))
     req = gen.request
     if req.stream:
         return await stream_sse(request, state, gen)
@@ -116,3 +124,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/admin/usage", usage)
+    app.router.add_get("/admin/telemetry", telemetry_handler)

@@ -50,6 +50,10 @@ class Generation:
     usage: JobUsage = field(default_factory=JobUsage)  # kept by the accounting
     finish_reasons: dict[int, str] = field(default_factory=dict)
     charge: object = None  # gateway.accounting.Charge once admitted
+    trace_headers: dict | None = None  # the client's traceparent / tracestate
+    worker_timing: dict | None = None  # wall-clock times reported by the worker
+    settled_at: float | None = None  # monotonic; when the accounting closed the request
+    model_name: str | None = None
 
     @property
     def queue_seconds(self) -> float:

@@ -28,6 +28,9 @@ class GatewayState:
     metrics: GatewayMetrics | None = None
     keys: KeyStore | None = None  # None: single-tenant development mode
     accounting: Accounting | None = None
+    telemetry: object = None  # gateway.telemetry.Telemetry when enabled
+    feed: object = None  # gateway.feed.FeedHub
+    snapshots: object = None  # gateway.snapshot.SnapshotBuilder
     model_name: str = "unknown"
     started_at: float = field(default_factory=time.time)
     stop: asyncio.Event = field(default_factory=asyncio.Event)

@@ -12,7 +12,8 @@ from runtime.errors import DuplicateRequestError
 from runtime.kv_cache import KVCacheManager
 from runtime.loader import Checkpoint, load_checkpoint
 from runtime.model_runner import ModelRunner
-from runtime.outputs import EngineCounters, RequestOutput, StepStats, TokenLogprob, Usage
+from runtime.outputs import (EngineCounters, RequestOutput, StepStats, TokenLogprob, Usage,
+                             wall_clock)
 from runtime.request import Request, RequestStatus
 from runtime.sampler import SampleResult
 from runtime.sampling_params import SamplingParams
@@ -161,9 +162,15 @@ class LLMEngine:
         usage = Usage(request.num_prompt_tokens, request.num_cached_tokens,
                       request.num_output_tokens)
         finished = request.is_finished
+        timing = None
+        if finished:
+            timing = {"arrival": wall_clock(request.arrival_time),
+                      "scheduled": wall_clock(request.first_scheduled_time),
+                      "first_token": wall_clock(request.first_token_time),
+                      "finished": time.time(), "preemptions": request.num_preemptions}
         return RequestOutput(request.request_id, tokens, text, finished,
                              request.status.value if finished else None, usage, logprobs,
-                             request.stop_reason if finished else None)
+                             request.stop_reason if finished else None, timing)
 
     def _count_finished(self, request: Request) -> None:
         reason = request.status.value

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import DuplicateRequestError
-from runtime.outputs import RequestOutput, StepStats, TokenLogprob, Usage
+from runtime.outputs import RequestOutput, StepStats, TokenLogprob, Usage, wall_clock
 from runtime.sampling_params import SamplingParams
 from runtime.validate import validate_request
 
@@ -30,6 +30,7 @@ class _FakeRequest:
     cached: int
     detok: IncrementalDetokenizer
     output: list[int] = field(default_factory=list)
+    first_token: float | None = None
 
 
 class FakeEngine:
@@ -48,6 +49,7 @@ class FakeEngine:
         self.seen_blocks: set[tuple] = set()
         self.steps = 0
         self.busy = 0.0
+        self.generated = 0
 
     def info(self) -> dict:
         return {"model": "fake-smollm2", "max_model_len": self.max_model_len,
@@ -62,7 +64,7 @@ class FakeEngine:
                 "kv_blocks_used": used, "kv_blocks_total": self.num_blocks,
                 "prefix_queries": 0, "prefix_hits": 0, "prefix_evictions": 0,
                 "steps": self.steps, "busy_seconds": self.busy, "preemptions": 0,
-                "prompt_tokens": 0, "generation_tokens": 0}
+                "prompt_tokens": 0, "generation_tokens": self.generated}
 
     def validate(self, request_id, prompt, params, priority=0, cache_salt=None) -> None:
         validate_request(request_id, prompt, params, priority, cache_salt,
@@ -109,6 +111,7 @@ class FakeEngine:
         for r in running:
             token = self.words[len(r.output) % len(self.words)]
             r.output.append(token)
+            r.first_token = r.first_token or time.monotonic()
             text = r.detok.push([token])
             reason = "stop" if r.detok.stopped else (
                 "length" if len(r.output) >= r.params.max_tokens else None)
@@ -118,6 +121,7 @@ class FakeEngine:
                 del self.requests[r.request_id]
             outputs.append(self._output(r, [token], text, reason))
         self.steps += 1
+        self.generated += len(running)
         seconds = time.perf_counter() - start
         self.busy += seconds
         stats = StepStats(len(running), 0, len(running), seconds, 0, self.num_blocks,
@@ -129,9 +133,14 @@ class FakeEngine:
         if r.params.logprobs or r.params.top_logprobs:
             top = tuple((t, -0.1 * (i + 1)) for i, t in enumerate(tokens * r.params.top_logprobs))
             logprobs = [TokenLogprob(t, -0.1, top) for t in tokens]
+        timing = None
+        if reason is not None:
+            timing = {"arrival": wall_clock(r.arrival), "scheduled": wall_clock(r.arrival),
+                      "first_token": wall_clock(r.first_token), "finished": time.time(),
+                      "preemptions": 0}
         return RequestOutput(r.request_id, tokens, text, reason is not None, reason,
                              Usage(len(r.prompt), r.cached, len(r.output)), logprobs,
-                             r.detok.stop_reason if reason == "stop" else None)
+                             r.detok.stop_reason if reason == "stop" else None, timing)
 
     def close(self) -> None:
         pass

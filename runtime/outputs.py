@@ -1,6 +1,7 @@
 """What the engine hands back each step: per-request deltas and per-step statistics."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -34,6 +35,14 @@ class RequestOutput:
     usage: Usage
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    timing: dict | None = None  # on the final output: arrival, scheduled, first_token, finished
+
+
+def wall_clock(monotonic_time: float | None) -> float | None:
+    """A time.monotonic() reading as unix seconds (for spans that cross processes)."""
+    if monotonic_time is None:
+        return None
+    return time.time() - (time.monotonic() - monotonic_time)
 
 
 @dataclass(frozen=True)

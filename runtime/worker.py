@@ -15,6 +15,7 @@ import threading
 import time
 
 from runtime.config import EngineConfig
+from runtime.device_stats import DeviceStats
 from runtime.errors import RuntimeErrorBase
 from runtime.outputs import RequestOutput, StepStats
 from runtime.protocol import encode_frame, read_frame_blocking
@@ -32,11 +33,13 @@ def output_message(out: RequestOutput) -> dict:
             "finished": out.finished, "reason": out.finish_reason,
             "stop_reason": out.stop_reason,
             "usage": [u.prompt_tokens, u.cached_tokens, u.completion_tokens],
-            "logprobs": logprobs}
+            "logprobs": logprobs, "timing": out.timing}
 
 
-def stats_message(engine, stats: StepStats | None) -> dict:
+def stats_message(engine, stats: StepStats | None, device=None) -> dict:
     message = engine.snapshot()
+    if device is not None:
+        message.update(device.snapshot())
     if stats is not None:
         message.update(step_seconds=stats.seconds_busy, batch=stats.num_requests,
                        prefill_tokens=stats.num_prefill_tokens,
@@ -50,6 +53,7 @@ class Worker:
         self.out = out_stream
         self.commands: queue.Queue = queue.Queue()
         self.running = True
+        self.device = DeviceStats(engine.info().get("device", "cpu"))
 
     def send(self, message: dict) -> None:
         self.out.write(encode_frame(message))
@@ -101,10 +105,10 @@ class Worker:
             if self.engine.has_unfinished_requests():
                 outputs, stats = self.engine.step()
                 self.send({"type": "step", "outputs": [output_message(o) for o in outputs],
-                           "stats": stats_message(self.engine, stats)})
+                           "stats": stats_message(self.engine, stats, self.device)})
             elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
                 last_stats = time.monotonic()
-                self.send({"type": "stats", "stats": stats_message(self.engine, None)})
+                self.send({"type": "stats", "stats": stats_message(self.engine, None, self.device)})
         self.engine.close()
 
 
