@@ -38,7 +38,7 @@ async def read_json(request: web.Request):
 async def generate(request: web.Request, kind: str):
     state = request.app[STATE]
     key = authenticate(request, state.keys)
-    service = state.require_service()
+    state.require_service()  # 503 until a worker is ready
     body = await read_json(request)
     gen = admit(state, key, parse_request(kind, body), body, trace_context(request))
     req = gen.request

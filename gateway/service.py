@@ -6,7 +6,6 @@ early (the client went away) cancels the job wherever it is: queue entry or work
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field

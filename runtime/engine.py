@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from runtime.config import EngineConfig
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.disk_cache import DiskKVCache

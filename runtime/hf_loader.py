@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 import torch
 
 from runtime.config import ModelConfig
 from runtime.errors import ModelLoadError
+from runtime.json_files import read_json
 from runtime.tokenizer import Tokenizer
 
 ARCHITECTURES = {
@@ -20,8 +20,8 @@ ARCHITECTURES = {
 
 def read_hf_folder(folder: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     """Config, float32 weights (HF names) and tokenizer of a folder saved by `save_pretrained`."""
-    raw = _read_json(os.path.join(folder, "config.json"), required=True)
-    generation = _read_json(os.path.join(folder, "generation_config.json"), required=False)
+    raw = read_json(os.path.join(folder, "config.json"), required=True)
+    generation = read_json(os.path.join(folder, "generation_config.json"), required=False)
     extra_eos = _id_list(generation.get("eos_token_id")) + _id_list(raw.get("eos_token_id"))
     tokenizer = Tokenizer.from_hf_folder(folder, extra_eos_ids=tuple(extra_eos))
     config = config_from_hf(raw, folder)
@@ -102,13 +102,3 @@ def _id_list(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _read_json(path: str, required: bool) -> dict:
-    if not os.path.exists(path):
-        if required:
-            raise ModelLoadError(f"{path}: missing")
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: unreadable JSON: {e}") from e

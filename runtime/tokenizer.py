@@ -15,6 +15,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as Backend
 
 from runtime.errors import InvalidRequestError, ModelLoadError
+from runtime.json_files import read_json
 
 CONTROL_TOKEN = 3  # llama.cpp token_type values
 USER_DEFINED_TOKEN = 4
@@ -119,7 +120,7 @@ class Tokenizer:
             backend = Backend.from_file(os.path.join(folder, "tokenizer.json"))
         except Exception as e:
             raise ModelLoadError(f"{folder}: cannot read tokenizer.json: {e}") from e
-        cfg = _read_json(os.path.join(folder, "tokenizer_config.json"))
+        cfg = read_json(os.path.join(folder, "tokenizer_config.json"), required=False)
         template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates; the unnamed use is "default"
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -221,14 +222,3 @@ def _check_messages(messages) -> None:
                 or not isinstance(m.get("content"), str):
             raise InvalidRequestError(f"messages[{i}] must be {{'role': str, 'content': str}}",
                                       param="messages")
-
-
-def _read_json(path: str) -> dict:
-    """A JSON object from `path`, {} when the file is absent."""
-    if not os.path.exists(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ModelLoadError(f"{path}: {e}") from e

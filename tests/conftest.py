@@ -49,3 +49,16 @@ def smollm_engine(smollm_checkpoint):
     from runtime.engine import LLMEngine
     return LLMEngine(smollm_checkpoint, EngineConfig(kv_cache_bytes=256 << 20,
                                                      max_num_batched_tokens=256))
+
+
+@pytest.fixture(scope="session")
+def hf_smollm():
+    """Hugging Face transformers loading the same SmolLM2 GGUF: our reference (loaded once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from runtime.loader import default_model_path
+    path = default_model_path()
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
+                                                gguf_file=os.path.basename(path),
+                                                dtype=torch.float32).eval()

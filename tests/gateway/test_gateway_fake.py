@@ -1,8 +1,6 @@
 """A real gateway process on loopback over the deterministic fake engine."""
 import asyncio
 import json
-import os
-import signal
 import time
 
 import aiohttp

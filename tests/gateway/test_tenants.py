@@ -1,6 +1,5 @@
 """Keys, rate limits, budgets, fair share, isolation and the ledger on a real gateway."""
 import asyncio
-import json
 import sqlite3
 
 import aiohttp

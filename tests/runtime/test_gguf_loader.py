@@ -1,7 +1,6 @@
 """GGUF reading: a tiny file written with gguf.GGUFWriter, broken files, and the real SmolLM2."""
 from __future__ import annotations
 
-import os
 
 import gguf
 import numpy as np
@@ -222,13 +221,9 @@ def smollm():
 
 
 @pytest.fixture(scope="module")
-def transformers_state():
-    """transformers' own GGUF loading of the same file: the independent reference (loaded once)."""
-    transformers = pytest.importorskip("transformers")
-    path = default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
-    return model.state_dict()
+def transformers_state(hf_smollm):
+    """transformers' own GGUF loading of the same file: the independent reference."""
+    return hf_smollm.state_dict()
 
 
 @pytest.mark.model

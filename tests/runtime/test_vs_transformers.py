@@ -1,5 +1,4 @@
 """Against a reference we did not write: Hugging Face transformers on the same weights."""
-import os
 
 import pytest
 import torch
@@ -56,17 +55,6 @@ def test_tiny_greedy_tokens_match_transformers(make_tiny_engine, hf_tiny):
 
 
 # ---- the real SmolLM2 GGUF ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def hf_smollm():
-    from transformers import AutoModelForCausalLM
-
-    from runtime.loader import default_model_path
-    path = default_model_path()
-    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
-                                                gguf_file=os.path.basename(path),
-                                                dtype=torch.float32).eval()
-
-
 @pytest.mark.model
 def test_smollm_prompt_logits_match_transformers(smollm_engine, hf_smollm):
     tok = smollm_engine.tokenizer
