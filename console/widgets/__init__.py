@@ -1,0 +1,1 @@
+"""One widget per file; each draws one frozen view from `console.state`."""
