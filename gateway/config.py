@@ -21,12 +21,16 @@ class GatewayConfig:
     max_num_batched_tokens: int = 512
     prefix_caching: bool = True
     disk_cache_dir: str | None = None
+    spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH
+    num_spec_tokens: int = 4
     max_queue: int = 1024  # requests waiting in the gateway before 429
     aging_seconds: float = 30.0  # waiting this long improves a request by one priority class
     affinity_margin: float = 0.25  # prefer the prefix's worker unless busier by this load
     max_body_bytes: int = 4 << 20
     default_max_tokens: int | None = None  # None: the rest of the context
     keepalive_seconds: float = 10.0  # SSE comment while a stream is quiet
+    body_timeout_seconds: float = 30.0  # a client must send its whole body within this (408)
+    drain_timeout_seconds: float = 30.0  # on SIGTERM: in-flight requests may finish within this
     worker_ready_timeout: float = 600.0
     keys_file: str | None = None  # API keys and tenants (TOML); None: loopback, one tenant
     prices: str = "seed"  # a preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML
@@ -49,6 +53,8 @@ class GatewayConfig:
             argv.append("--no-prefix-caching")
         if self.disk_cache_dir:
             argv += ["--disk-cache-dir", self.disk_cache_dir]
+        if self.spec != "off":
+            argv += ["--spec", self.spec, "--num-spec-tokens", str(self.num_spec_tokens)]
         if self.fake:
             argv += ["--fake", "--fake-step-ms", str(self.fake_step_ms)]
         return argv
@@ -76,12 +82,17 @@ HELP = {
     "max_num_batched_tokens": "token budget per engine step",
     "prefix_caching": "reuse KV of repeated prompt prefixes",
     "disk_cache_dir": "folder for the prefix cache's disk tier",
+    "spec": "speculative decoding: off, ngram, self:L or draft:PATH",
+    "num_spec_tokens": "the most tokens proposed per request per step",
     "max_queue": "requests that may wait in the gateway before 429",
     "aging_seconds": "seconds of waiting that raise a request by one priority class",
     "affinity_margin": "load margin within which the prefix's worker is preferred",
     "max_body_bytes": "largest request body accepted (413 above)",
     "default_max_tokens": "output budget when a request gives none (default: rest of context)",
     "keepalive_seconds": "SSE keep-alive comment interval on a quiet stream",
+    "body_timeout_seconds": "seconds a client may take to send its request body (408 after)",
+    "drain_timeout_seconds": "on SIGTERM, seconds in-flight requests may take to finish "
+                             "(a second SIGTERM aborts at once)",
     "worker_ready_timeout": "seconds a worker may take to load its model",
     "keys_file": "TOML file of API keys and tenants (without it: loopback only, one tenant)",
     "prices": "price preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML file",

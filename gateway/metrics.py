@@ -45,6 +45,15 @@ class GatewayMetrics:
                                     label + ["worker"], registry=r)
         self.prefix_hits = Gauge("vllm:prefix_cache_hits", "Prefix-cache hits (tokens)",
                                  label + ["worker"], registry=r)
+        self.spec_drafts = Gauge("vllm:spec_decode_num_drafts", "Speculative drafts",
+                                 label + ["worker"], registry=r)
+        self.spec_draft_tokens = Gauge("vllm:spec_decode_num_draft_tokens",
+                                       "Proposed tokens", label + ["worker"], registry=r)
+        self.spec_accepted = Gauge("vllm:spec_decode_num_accepted_tokens", "Accepted tokens",
+                                   label + ["worker"], registry=r)
+        self.spec_per_pos = Gauge("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Accepted tokens by draft position",
+                                  label + ["worker", "position"], registry=r)
         self.workers_alive = Gauge("inferstack:workers_alive", "Workers ready to serve", label,
                                    registry=r)
         self.revenue = Counter("inferstack:revenue_usd", "Billed dollars by kind and tenant",
@@ -97,6 +106,11 @@ class GatewayMetrics:
             self.kv_usage.labels(m, idx).set(s.get("kv_blocks_used", 0) / total if total else 0)
             self.prefix_queries.labels(m, idx).set(s.get("prefix_queries", 0))
             self.prefix_hits.labels(m, idx).set(s.get("prefix_hits", 0))
+            self.spec_drafts.labels(m, idx).set(s.get("spec_drafts", 0))
+            self.spec_draft_tokens.labels(m, idx).set(s.get("spec_draft_tokens", 0))
+            self.spec_accepted.labels(m, idx).set(s.get("spec_accepted_tokens", 0))
+            for pos, n in enumerate(s.get("spec_accepted_per_pos", [])):
+                self.spec_per_pos.labels(m, idx, str(pos)).set(n)
         self.running.labels(m).set(running)
         self.waiting.labels(m).set(waiting + queue_length)
         self.workers_alive.labels(m).set(alive)

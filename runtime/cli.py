@@ -18,6 +18,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--kv-cache-gb", type=float, default=1.0,
                         help="memory budget of the paged KV cache in GiB")
+    parser.add_argument("--spec", default="off",
+                        help="speculative decoding: off, ngram, self:L (the first L layers "
+                             "draft) or draft:PATH (a smaller model, same vocabulary)")
+    parser.add_argument("--num-spec-tokens", type=int, default=4,
+                        help="the most tokens proposed per request per step")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream a completion to stdout")
     gen.add_argument("--prompt", required=True)
@@ -35,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_engine(args):
     from runtime.engine import LLMEngine
-    config = EngineConfig(device=args.device, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)))
+    config = EngineConfig(device=args.device, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
+                          spec=args.spec, num_spec_tokens=args.num_spec_tokens)
     return LLMEngine.from_model_path(args.model, config)
 
 
@@ -63,9 +69,12 @@ def cmd_generate(args) -> int:
     sys.stdout.write("\n")
     elapsed = time.perf_counter() - start
     decode_rate = (n - 1) / (elapsed - (first - start)) if n > 1 else 0.0
+    c = engine.counters
+    spec = (f"; speculation accepted {c.spec_accepted_tokens}/{c.spec_draft_tokens} proposed"
+            if c.spec_draft_tokens else "")
     print(f"[{usage.prompt_tokens} prompt, {usage.completion_tokens} completion tokens; "
-          f"finish {reason}; first token {first - start:.3f}s; decode {decode_rate:.1f} tok/s]",
-          file=sys.stderr)
+          f"finish {reason}; first token {first - start:.3f}s; decode {decode_rate:.1f} tok/s"
+          f"{spec}]", file=sys.stderr)
     return 0
 
 

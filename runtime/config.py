@@ -51,6 +51,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     disk_cache_dir: str | None = None  # the prefix cache's disk tier; None turns it off
     disk_cache_bytes: int = 4 << 30  # size limit of the disk tier
+    spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH
+    num_spec_tokens: int = 4  # the most proposed tokens per request per step
+    spec_max_batch: int = 8  # no speculation in steps decoding more requests than this
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     seed: int = 0

@@ -13,13 +13,14 @@ from runtime.disk_cache import DiskKVCache
 from runtime.errors import DuplicateRequestError
 from runtime.kv_cache import KVCacheManager
 from runtime.loader import Checkpoint, load_checkpoint
-from runtime.model_runner import ModelRunner
+from runtime.model_runner import ModelRunner, StepSample
 from runtime.outputs import (EngineCounters, RequestOutput, StepStats, TokenLogprob, Usage,
                              wall_clock)
 from runtime.request import Request, RequestStatus
-from runtime.sampler import SampleResult
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from runtime.spec_decode.config import SpecConfig
+from runtime.spec_decode.drafter import ModelDrafter
 from runtime.validate import validate_request
 
 
@@ -36,10 +37,19 @@ class LLMEngine:
         self.runner.disk = self.disk_cache
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
                                  config.enable_prefix_caching, self.model_id, self.disk_cache)
-        self.scheduler = Scheduler(config, self.kv, self.max_model_len)
+        self.spec = SpecConfig.parse(config.spec, config.num_spec_tokens, config.spec_max_batch)
+        self.scheduler = Scheduler(config, self.kv, self.max_model_len, self.spec)
+        self.runner.drafter = self._make_drafter()
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
+
+    def _make_drafter(self):
+        if self.spec.method == "self":
+            return ModelDrafter.self_draft(self.runner, self.spec.num_layers)
+        if self.spec.method == "draft":
+            return ModelDrafter.draft_model(self.runner, load_checkpoint(self.spec.draft_path))
+        return None
 
     @property
     def model_id(self) -> str:
@@ -114,31 +124,36 @@ class LLMEngine:
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
         sched = self.scheduler.schedule()
-        sampling = [s.request for s in sched.scheduled
-                    if s.start_position + s.num_new_tokens == s.request.num_tokens]
+        sampling = [s.request for s in sched.scheduled if s.samples]
         result = self.runner.run(sched, sampling)
-        self.scheduler.update_computed(sched)
+        self.scheduler.update_computed(sched, result.rejected)
+        self._count_spec(sched, result)
         outputs = self._postprocess(sampling, result)
         return outputs, self._stats(sched, time.perf_counter() - start)
 
-    def _postprocess(self, sampling: list[Request], result: SampleResult | None):
+    def _postprocess(self, sampling: list[Request], result: StepSample):
         outputs = []
         now = time.monotonic()
-        for i, request in enumerate(sampling):
-            token = result.token_ids[i]
-            request.output_token_ids.append(token)
+        for request in sampling:
+            tokens, text, finish = [], "", None
+            for token in result.tokens[request.request_id]:
+                request.output_token_ids.append(token)
+                tokens.append(token)
+                text += request.detokenizer.push([token])
+                finish = self._check_finish(request, token)
+                if finish is not None:
+                    break  # later accepted proposals are dropped with the request
             if request.first_token_time is None:
                 request.first_token_time = now
-            text = request.detokenizer.push([token])
-            finish = self._check_finish(request, token)
             if finish is not None:
                 if not request.detokenizer.stopped:
                     text += request.detokenizer.flush()  # text held back for stop strings
                 self.scheduler.finish_request(request, finish)
                 self.requests.pop(request.request_id, None)
                 self._count_finished(request)
-            outputs.append(self._output(request, [token], text, self._logprobs(result, i)))
-        self.counters.num_generation_tokens += len(sampling)
+            outputs.append(self._output(request, tokens, text,
+                                        result.logprobs.get(request.request_id)))
+            self.counters.num_generation_tokens += len(tokens)
         return outputs
 
     def _check_finish(self, request: Request, token: int) -> RequestStatus | None:
@@ -153,13 +168,6 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    @staticmethod
-    def _logprobs(result: SampleResult, i: int) -> list[TokenLogprob] | None:
-        if result.logprobs[i] is None:
-            return None
-        top = tuple(result.top_logprobs[i] or ())
-        return [TokenLogprob(result.token_ids[i], result.logprobs[i], top)]
-
     def _output(self, request: Request, tokens: list[int], text: str, logprobs) -> RequestOutput:
         usage = Usage(request.num_prompt_tokens, request.num_cached_tokens,
                       request.num_output_tokens)
@@ -170,9 +178,27 @@ class LLMEngine:
                       "scheduled": wall_clock(request.first_scheduled_time),
                       "first_token": wall_clock(request.first_token_time),
                       "finished": time.time(), "preemptions": request.num_preemptions}
+            spec = request.spec_state
+            if spec["proposed"]:
+                timing["spec_acceptance"] = spec["accepted"] / spec["proposed"]
+                timing["spec_proposed"] = spec["proposed"]
         return RequestOutput(request.request_id, tokens, text, finished,
                              request.status.value if finished else None, usage, logprobs,
                              request.stop_reason if finished else None, timing)
+
+    def _count_spec(self, sched: SchedulerOutput, result: StepSample) -> None:
+        """vLLM's counters: drafts, draft tokens, accepted tokens (also per position)."""
+        c = self.counters
+        for s in sched.scheduled:
+            if s.num_spec:
+                accepted = s.num_spec - result.rejected.get(s.request.request_id, 0)
+                c.spec_drafts += 1
+                c.spec_draft_tokens += s.num_spec
+                c.spec_accepted_tokens += accepted
+                while len(c.spec_accepted_per_pos) < s.num_spec:
+                    c.spec_accepted_per_pos.append(0)
+                for pos in range(accepted):
+                    c.spec_accepted_per_pos[pos] += 1
 
     def _count_finished(self, request: Request) -> None:
         reason = request.status.value
@@ -180,7 +206,8 @@ class LLMEngine:
         self.counters.num_preemptions += request.num_preemptions
 
     def _stats(self, sched: SchedulerOutput, seconds: float) -> StepStats:
-        decode = sum(1 for s in sched.scheduled if s.num_new_tokens == 1)
+        decode = sum(s.num_new_tokens for s in sched.scheduled
+                     if s.num_new_tokens - s.num_spec == 1)
         prefill = sched.num_scheduled_tokens - decode
         self.counters.num_steps += 1
         self.counters.num_prompt_tokens += prefill
@@ -207,7 +234,10 @@ class LLMEngine:
                 "prefix_queries": kv.stats.queries, "prefix_hits": kv.stats.hits,
                 "prefix_evictions": kv.stats.evictions, "steps": c.num_steps,
                 "busy_seconds": c.seconds_busy, "preemptions": c.num_preemptions,
-                "prompt_tokens": c.num_prompt_tokens, "generation_tokens": c.num_generation_tokens}
+                "prompt_tokens": c.num_prompt_tokens, "generation_tokens": c.num_generation_tokens,
+                "spec_drafts": c.spec_drafts, "spec_draft_tokens": c.spec_draft_tokens,
+                "spec_accepted_tokens": c.spec_accepted_tokens,
+                "spec_accepted_per_pos": list(c.spec_accepted_per_pos)}
 
     # ---- conveniences -----------------------------------------------------------------
     def prompt_logits(self, prompt_token_ids: list[int]) -> "torch.Tensor":

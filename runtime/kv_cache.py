@@ -143,6 +143,14 @@ class KVCacheManager:
         if request.num_preemptions == 0:  # billing counts the first admission only
             request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
 
+    def trim(self, request: Request) -> None:
+        """Free blocks past the request's computed tokens (rejected proposals' room)."""
+        keep = max(self.num_blocks_for(request.num_computed_tokens), request.num_hashed_blocks)
+        if len(request.blocks) > keep:
+            extra = request.blocks[keep:]
+            request.blocks = request.blocks[:keep]
+            self.pool.free(list(reversed(extra)))
+
     def free(self, request: Request) -> None:
         """Release every block of the request, tail first (see BlockPool.free)."""
         self.pool.free(list(reversed(request.blocks)))

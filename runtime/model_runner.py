@@ -6,6 +6,8 @@ that sample this step, and returns their sampled tokens.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 import kernels
@@ -13,8 +15,20 @@ from runtime.attention import AttentionMetadata, PrefillSeq
 from runtime.config import EngineConfig, ModelConfig
 from runtime.model import LlamaModel
 from runtime.request import Request
-from runtime.sampler import SampleResult, Sampler, SamplingRow
+from runtime.outputs import TokenLogprob
+from runtime.sampler import Sampler, SamplingRow
+from runtime.spec_decode.verify import verify
 from runtime.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepSample:
+    """What one step sampled: new tokens per request (several when proposals were accepted),
+    logprobs where asked, and how many proposed tokens each speculating request rejected."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 def resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -43,6 +57,7 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.device, seed=config.seed)
         self.disk = disk  # the prefix cache's disk tier, or None
+        self.drafter = None  # a model drafter for speculative decoding (self or draft model)
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -87,8 +102,10 @@ class ModelRunner:
         table = torch.tensor(request.block_ids, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def prepare(self, out: SchedulerOutput):
-        """Order tokens as [decodes | prefills]; return (input_ids, meta, order, last_index)."""
+    def prepare(self, out: SchedulerOutput, model_cfg: ModelConfig | None = None):
+        """Order tokens as [decodes | prefills]; return (input_ids, meta, last_index), where
+        last_index maps a request id to the row of its last scheduled token."""
+        model_cfg = model_cfg or self.model_cfg
         decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefills = [s for s in out.scheduled if s.num_new_tokens > 1]
         order = decodes + prefills
@@ -96,7 +113,7 @@ class ModelRunner:
         pre_meta, offset = [], 0
         for s in order:
             r, start, n = s.request, s.start_position, s.num_new_tokens
-            ids.extend(r.token_slice(start, start + n))
+            ids.extend(r.token_slice_with_spec(start, start + n))
             positions.append(torch.arange(start, start + n))
             ctx_slots = self._slots(r, 0, start + n)
             slot_chunks.append(ctx_slots[start:])
@@ -114,8 +131,8 @@ class ModelRunner:
             decode_slots = decode_slots.to(self.device)
             decode_valid = decode_valid.to(self.device)
         pos = torch.cat(positions).to(self.device)
-        cos, sin = kernels.rotary_cos_sin(pos, self.model_cfg.head_dim,
-                                          self.model_cfg.rope_theta, self.dtype)
+        cos, sin = kernels.rotary_cos_sin(pos, model_cfg.head_dim, model_cfg.rope_theta,
+                                          self.dtype)
         meta = AttentionMetadata(torch.cat(slot_chunks).to(self.device), cos, sin, len(decodes),
                                  decode_slots, decode_valid, pre_meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -123,21 +140,40 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput, sampling: list[Request]) -> SampleResult | None:
-        """Run the scheduled tokens; sample one token for each request in `sampling`."""
+    def run(self, out: SchedulerOutput, sampling: list[Request]) -> StepSample:
+        """Run the scheduled tokens; sample (or verify proposals) for each request in
+        `sampling`, which are the scheduled requests that reach their sequence's end."""
         self.apply_kv_transfers(out.kv_transfers)
+        result = StepSample()
         if out.is_empty:
-            return None
+            return result
+        spec = {s.request.request_id: s.num_spec for s in out.scheduled if s.num_spec}
+        if self.drafter is not None and (spec or self.drafter.catch_up):
+            self.drafter.propose(out)
         input_ids, meta, last_index = self.prepare(out)
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
-        if not sampling:
-            return None
-        idx = torch.tensor([last_index[r.request_id] for r in sampling], device=self.device)
-        logits = self.model.compute_logits(hidden.index_select(0, idx))
-        rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids)
-                for r in sampling]
-        return self.sampler(logits, rows)
-
+        plain = [r for r in sampling if r.request_id not in spec]
+        if plain:
+            idx = torch.tensor([last_index[r.request_id] for r in plain], device=self.device)
+            logits = self.model.compute_logits(hidden.index_select(0, idx))
+            rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids)
+                    for r in plain]
+            sampled = self.sampler(logits, rows)
+            for i, r in enumerate(plain):
+                result.tokens[r.request_id] = [sampled.token_ids[i]]
+                if sampled.logprobs[i] is not None:
+                    result.logprobs[r.request_id] = [TokenLogprob(
+                        sampled.token_ids[i], sampled.logprobs[i],
+                        tuple(sampled.top_logprobs[i] or ()))]
+        for r in sampling:
+            k = spec.get(r.request_id, 0)
+            if k:
+                last = last_index[r.request_id]
+                logits = self.model.compute_logits(hidden[last - k:last + 1])
+                tokens = verify(logits, r.spec_token_ids[:k], r.params, r.generator)
+                result.tokens[r.request_id] = tokens
+                result.rejected[r.request_id] = k - (len(tokens) - 1)
+        return result
 
     @torch.inference_mode()
     def all_logits(self, out: SchedulerOutput) -> torch.Tensor:

@@ -76,3 +76,7 @@ class EngineCounters:
     num_preemptions: int = 0
     num_finished: dict = field(default_factory=dict)  # finish_reason -> count
     seconds_busy: float = 0.0
+    spec_drafts: int = 0  # request-steps that verified proposals
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_per_pos: list = field(default_factory=list)

@@ -47,6 +47,10 @@ class Request:
     block_hash_root: bytes | None = None  # prefix-cache chain root (model id + salt)
     block_hashes: list = field(default_factory=list)  # chained hashes of full blocks
     num_hashed_blocks: int = 0  # leading blocks already registered in the prefix cache
+    spec_token_ids: list = field(default_factory=list)  # proposals being verified this step
+    draft_written: int = 0  # positions [0, n) written to a draft model's own KV cache
+    spec_state: dict = field(default_factory=lambda: {"rate": 1.0, "paused": 0,
+                                                      "proposed": 0, "accepted": 0})
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
 
@@ -79,6 +83,18 @@ class Request:
         if end <= n:
             return self.prompt_token_ids[start:end]
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
+
+    def token_slice_with_spec(self, start: int, end: int) -> list[int]:
+        """Tokens in [start, end), where positions past the sequence are the proposals."""
+        n = self.num_tokens
+        if end <= n:
+            return self.token_slice(start, end)
+        return (self.token_slice(start, n) if start < n else []) + \
+            self.spec_token_ids[max(0, start - n):end - n]
+
+    @property
+    def spec_allowed(self) -> bool:
+        return self.params.speculative
 
     @property
     def sort_key(self) -> tuple:

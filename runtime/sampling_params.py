@@ -33,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    speculative: bool = True  # False opts this request out of speculative decoding
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))

@@ -14,13 +14,23 @@ from dataclasses import dataclass, field
 from runtime.config import EngineConfig
 from runtime.kv_cache import KVCacheManager, KVTransfers
 from runtime.request import Request, RequestStatus
+from runtime.spec_decode.config import SpecConfig
+from runtime.spec_decode.governor import Governor
+from runtime.spec_decode.ngram import propose_ngram
 
 
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_new_tokens: int
+    num_new_tokens: int  # includes num_spec proposed tokens
     start_position: int  # == request.num_computed_tokens when scheduled
+    num_spec: int = 0  # proposed tokens verified this step (the last num_spec of the new ones)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends at the sequence's end, so a token is sampled."""
+        return self.start_position + self.num_new_tokens - self.num_spec == \
+            self.request.num_tokens
 
 
 @dataclass
@@ -81,8 +91,11 @@ class WaitingQueue:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int):
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int,
+                 spec: SpecConfig | None = None):
         self.config = config
+        self.spec = spec or SpecConfig()
+        self.governor = Governor(self.spec)
         self.kv = kv
         self.max_model_len = max_model_len
         self.waiting = WaitingQueue()
@@ -125,6 +138,8 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         scheduled_ids: set[str] = set()
+        decoding = sum(1 for r in self.running if r.num_computed_tokens == r.num_tokens - 1)
+        speculate = self.governor.step_allows(decoding)
         for request in list(self.running):
             if budget <= 0:
                 break
@@ -133,14 +148,17 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:
                 continue
+            num_spec = self._plan_spec(request, budget) if speculate and num_new == 1 else 0
+            num_new += num_spec
             while not self.kv.allocate_slots(request, num_new):
                 victim = self._pick_victim(exclude=scheduled_ids)
                 self._preempt(victim, out)
                 if victim is request:
                     break
             if request.status is not RequestStatus.RUNNING:
+                request.spec_token_ids = []
                 continue
-            self._add(out, request, num_new)
+            self._add(out, request, num_new, num_spec)
             scheduled_ids.add(request.request_id)
             budget -= num_new
         return budget
@@ -202,8 +220,24 @@ class Scheduler:
         hashes = self.kv.block_hashes_upto(request, request.num_tokens - 1)
         return hit.num_blocks < len(hashes) and hashes[hit.num_blocks] in in_flight
 
-    def _add(self, out: SchedulerOutput, request: Request, num_new: int) -> None:
-        out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+    def _add(self, out: SchedulerOutput, request: Request, num_new: int,
+             num_spec: int = 0) -> None:
+        out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens,
+                                              num_spec))
+
+    def _plan_spec(self, request: Request, budget: int) -> int:
+        """How many proposed tokens to verify for a decoding request this step. n-gram
+        proposals are made here; a model drafter fills `spec_token_ids` in the runner."""
+        room = min(request.params.max_tokens - request.num_output_tokens - 1,
+                   self.max_model_len - request.num_tokens - 1, budget - 1)
+        k = min(self.governor.num_tokens(request), room)
+        if k <= 0:
+            return 0
+        if self.spec.method == "ngram":
+            request.spec_token_ids = propose_ngram(
+                request.prompt_token_ids + request.output_token_ids, k)
+            return len(request.spec_token_ids)
+        return k
 
     def _preempt_for(self, request: Request, out: SchedulerOutput) -> bool:
         """Preempt the least urgent running request if `request` is strictly more urgent
@@ -236,13 +270,19 @@ class Scheduler:
         out.scheduled = [s for s in out.scheduled if s.request is not request]
 
     # ---- after the model ran ----------------------------------------------------------
-    def update_computed(self, out: SchedulerOutput) -> list[Request]:
-        """Advance counters; return the requests whose whole sequence is now computed,
-        which are the ones that sample a token this step."""
+    def update_computed(self, out: SchedulerOutput,
+                        num_rejected: dict[str, int] | None = None) -> list[Request]:
+        """Advance counters (rejected proposals are not computed: their KV is dropped and
+        blocks past the sequence are freed); return the requests that sampled this step."""
         ready = []
         for s in out.scheduled:
-            s.request.num_computed_tokens += s.num_new_tokens
+            rejected = (num_rejected or {}).get(s.request.request_id, 0) if s.num_spec else 0
+            s.request.num_computed_tokens += s.num_new_tokens - rejected
+            if s.num_spec:
+                self.governor.record(s.request, s.num_spec, s.num_spec - rejected)
+                s.request.spec_token_ids = []
+                self.kv.trim(s.request)
             self.kv.cache_full_blocks(s.request)
-            if s.request.num_computed_tokens == s.request.num_tokens:
+            if s.samples:
                 ready.append(s.request)
         return ready

@@ -122,6 +122,8 @@ def parse_args(argv=None):
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--disk-cache-dir", default=None)
+    p.add_argument("--spec", default="off", help="off, ngram, self:L or draft:PATH")
+    p.add_argument("--num-spec-tokens", type=int, default=4)
     p.add_argument("--fake", action="store_true",
                    help="a deterministic fake engine (no model), for gateway tests")
     p.add_argument("--fake-step-ms", type=float, default=2.0,
@@ -142,7 +144,8 @@ def build_engine(args):
                           max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           enable_prefix_caching=not args.no_prefix_caching,
-                          disk_cache_dir=args.disk_cache_dir)
+                          disk_cache_dir=args.disk_cache_dir, spec=args.spec,
+                          num_spec_tokens=args.num_spec_tokens)
     return LLMEngine.from_model_path(args.model, config)
 
 

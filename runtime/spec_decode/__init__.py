@@ -1,0 +1,1 @@
+"""Speculative decoding: proposers guess tokens, one target forward verifies them all."""
