@@ -14,8 +14,7 @@ from runtime.errors import DuplicateRequestError
 from runtime.kv_cache import KVCacheManager
 from runtime.loader import Checkpoint, load_checkpoint
 from runtime.model_runner import ModelRunner, StepSample
-from runtime.outputs import (EngineCounters, RequestOutput, StepStats, TokenLogprob, Usage,
-                             wall_clock)
+from runtime.outputs import EngineCounters, RequestOutput, StepStats, Usage, wall_clock
 from runtime.request import Request, RequestStatus
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
@@ -158,13 +157,15 @@ class LLMEngine:
 
     def _check_finish(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
-        if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
+        is_eos = not params.ignore_eos and token in self.eos_token_ids
+        if token in params.stop_token_ids or is_eos:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
         if request.detokenizer.stopped:
             request.stop_reason = request.detokenizer.stop_reason
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.max_model_len:
+        if request.num_output_tokens >= params.max_tokens or \
+                request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 

@@ -76,7 +76,9 @@ class Request:
 
     def token_at(self, position: int) -> int:
         n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+        if position < n:
+            return self.prompt_token_ids[position]
+        return self.output_token_ids[position - n]
 
     def token_slice(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)

@@ -70,7 +70,8 @@ class SamplingParams:
             if not (-2.0 <= value <= 2.0):
                 raise bad(name, f"must be in [-2, 2], got {value}")
         if not (0.0 < self.repetition_penalty <= 10.0):
-            raise bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty}")
+            raise bad("repetition_penalty",
+                      f"must be in (0, 10], got {self.repetition_penalty}")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise bad("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.seed is not None and not isinstance(self.seed, int):

@@ -108,7 +108,8 @@ class Worker:
                            "stats": stats_message(self.engine, stats, self.device)})
             elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
                 last_stats = time.monotonic()
-                self.send({"type": "stats", "stats": stats_message(self.engine, None, self.device)})
+                stats = stats_message(self.engine, None, self.device)
+                self.send({"type": "stats", "stats": stats})
         self.engine.close()
 
 

@@ -144,7 +144,8 @@ def test_cross_tenant_requests_get_no_cached_tokens(make_tiny_engine):
     assert final.usage.cached_tokens == 40
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.sampled_from(["add", "abort", "step", "step"]),
                               st.integers(0, 5), st.integers(1, 30)), max_size=40))
 def test_random_adds_aborts_and_steps_leak_no_block(make_tiny_engine, ops):
