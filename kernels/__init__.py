@@ -1,30 +1,121 @@
 """The one place that picks an implementation for each op.
 
-Triton kernels run on CUDA; everywhere else (and when INFERSTACK_KERNELS=ref) the torch
-references run. Callers import the op names from here and never from the files directly.
+The choice is made per call from the device of the op's first tensor: Triton kernels for CUDA
+tensors (when triton imports), the torch references for anything else. Environment variable
+INFERSTACK_KERNELS (read once, at import):
+  ""/unset  the rule above;
+  "ref"     always the references (FORCE_REFERENCE);
+  "triton"  Triton for CPU tensors too, through its interpreter (slow; for checking the
+            runtime's calls against the kernels on a machine without a GPU).
+Callers import the op names from here and never from the files directly.
 """
 from __future__ import annotations
 
 import os
 
-from kernels.activation import silu_and_mul_ref
-from kernels.paged_attention import context_slots, paged_decode_attention_ref
-from kernels.prefill_attention import prefill_attention_ref
-from kernels.rms_norm import rms_norm_ref
-from kernels.rotary import apply_rotary_ref, rotary_cos_sin
-from kernels.store_kv import store_kv_ref
+import torch
 
-FORCE_REFERENCE = os.environ.get("INFERSTACK_KERNELS", "").lower() == "ref"
+from kernels._utils import HAS_TRITON
+from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
+from kernels.paged_attention import (context_slots, paged_decode_attention_ref,
+                                     paged_decode_attention_slots_triton,
+                                     paged_decode_attention_triton)
+from kernels.prefill_attention import (prefill_attention_ref, prefill_attention_triton,
+                                       prefill_attention_varlen_ref,
+                                       prefill_attention_varlen_triton)
+from kernels.rms_norm import rms_norm_ref, rms_norm_triton
+from kernels.rotary import apply_rotary_ref, apply_rotary_triton, rotary_cos_sin
+from kernels.store_kv import store_kv_ref, store_kv_triton
 
-# Only references exist so far; the Triton versions slot in here, chosen per device.
-rms_norm = rms_norm_ref
-apply_rotary = apply_rotary_ref
-silu_and_mul = silu_and_mul_ref
-store_kv = store_kv_ref
-paged_decode_attention = paged_decode_attention_ref
-prefill_attention = prefill_attention_ref
+_MODE = os.environ.get("INFERSTACK_KERNELS", "").lower()
+FORCE_REFERENCE = _MODE == "ref"
+FORCE_TRITON = _MODE == "triton" and HAS_TRITON
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether an op on tensor `t` runs its Triton kernel."""
+    if FORCE_REFERENCE or not HAS_TRITON:
+        return False
+    return t.is_cuda or FORCE_TRITON
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    """norm(x + residual) * weight, and the new residual x + residual when one is given."""
+    if use_triton(x):
+        return rms_norm_triton(x, weight, eps, residual)
+    return rms_norm_ref(x, weight, eps, residual)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Returns x [T, heads, D] rotated. The Triton path rotates x in place and returns it, the
+    reference returns a new tensor: use the result, and do not read x afterwards."""
+    if use_triton(x):
+        return apply_rotary_triton(x, cos, sin)
+    return apply_rotary_ref(x, cos, sin)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if use_triton(gate_up):
+        return silu_and_mul_triton(gate_up)
+    return silu_and_mul_ref(gate_up)
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    if use_triton(key):
+        store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           slots: torch.Tensor | None, valid: torch.Tensor | None,
+                           scale: float, *, block_tables: torch.Tensor | None = None,
+                           context_lens: torch.Tensor | None = None,
+                           block_size: int | None = None) -> torch.Tensor:
+    """q [B, H, D] against the paged cache. Give (slots, valid) from `context_slots`, or
+    block_tables [B, W] + context_lens [B] + block_size (what the Triton kernel reads directly,
+    without the [B, L] slot matrix; pass None for slots/valid then)."""
+    have_tables = block_tables is not None and context_lens is not None
+    if use_triton(q):
+        if have_tables:
+            page = block_size if block_size is not None else 16
+            return paged_decode_attention_triton(q, k_cache, v_cache, block_tables,
+                                                 context_lens, page, scale)
+        return paged_decode_attention_slots_triton(q, k_cache, v_cache, slots, valid, scale)
+    if slots is None:
+        slots, valid = context_slots(block_tables, context_lens,
+                                     block_size if block_size is not None else 16)
+    return paged_decode_attention_ref(q, k_cache, v_cache, slots, valid, scale)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slots: torch.Tensor, num_prefix: int, scale: float,
+                      k_new: torch.Tensor | None = None,
+                      v_new: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence's chunk q [n, H, D] at positions num_prefix.. against its cached context."""
+    if use_triton(q):
+        return prefill_attention_triton(q, k_cache, v_cache, slots, num_prefix, scale)
+    return prefill_attention_ref(q, k_cache, v_cache, slots, num_prefix, scale, k_new, v_new)
+
+
+
+def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, block_size: int,
+                             cu_seqlens_q: torch.Tensor, num_prefix: torch.Tensor,
+                             scale: float, max_q_len: int | None = None) -> torch.Tensor:
+    """All prefill chunks of a step in one call: q [T, H, D], sequence i owning rows
+    cu_seqlens_q[i]:cu_seqlens_q[i + 1] at positions num_prefix[i]... (see the kernel file)."""
+    args = (q, k_cache, v_cache, block_tables, block_size, cu_seqlens_q, num_prefix, scale,
+            max_q_len)
+    if use_triton(q):
+        return prefill_attention_varlen_triton(*args)
+    return prefill_attention_varlen_ref(*args)
+
 
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
-    "paged_decode_attention", "prefill_attention", "context_slots", "FORCE_REFERENCE",
+    "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
+    "FORCE_REFERENCE", "FORCE_TRITON", "HAS_TRITON", "use_triton",
 ]

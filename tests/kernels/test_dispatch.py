@@ -1,0 +1,67 @@
+"""`kernels/__init__.py` picks per call; the runtime's own calls work on the Triton path."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import kernels
+from kernels.rotary import apply_rotary_ref
+from runtime.sampling_params import SamplingParams
+
+LAUNCHERS = ["rms_norm_triton", "apply_rotary_triton", "silu_and_mul_triton", "store_kv_triton",
+             "paged_decode_attention_slots_triton", "prefill_attention_triton"]
+CUDA_TENSOR = SimpleNamespace(is_cuda=True)  # all use_triton looks at
+
+
+def test_triton_for_cuda_tensors_reference_elsewhere(monkeypatch):
+    monkeypatch.setattr(kernels, "FORCE_TRITON", False)
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
+    assert not kernels.use_triton(torch.zeros(1))
+    assert kernels.use_triton(CUDA_TENSOR) == kernels.HAS_TRITON
+
+
+def test_environment_variable_forces_the_reference(monkeypatch):
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", True)
+    assert not kernels.use_triton(CUDA_TENSOR)
+
+
+def test_cpu_calls_return_exactly_the_reference(monkeypatch):
+    monkeypatch.setattr(kernels, "FORCE_TRITON", False)
+    x = torch.randn(3, 2, 8)
+    cos, sin = kernels.rotary_cos_sin(torch.arange(3), 8, 10000.0, torch.float32)
+    out = kernels.apply_rotary(x, cos, sin)
+    assert out.data_ptr() != x.data_ptr()  # the reference returns a new tensor
+    assert torch.equal(out, apply_rotary_ref(x, cos, sin))
+
+
+def test_tiny_model_generates_the_same_tokens_through_the_kernels(device, make_tiny_engine,
+                                                                  monkeypatch):
+    """Every op of the runtime (strided qkv views, in-place rotary, chunked prefill over a
+    cached prefix, decode over pages) through the Triton path, greedy tokens unchanged."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    texts = ["The quick brown fox", "Paris is the capital of",
+             "Caching the prefix of a prompt saves compute for every request that repeats it."]
+    launches = {}
+    for name in LAUNCHERS:
+        real = getattr(kernels, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            launches[_name] = launches.get(_name, 0) + 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(kernels, name, counted)
+
+    def run(triton: bool):
+        monkeypatch.setattr(kernels, "FORCE_TRITON", triton)
+        monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
+        engine = make_tiny_engine(max_num_batched_tokens=8)  # prompts cut into chunks
+        prompts = [engine.tokenizer.encode(t) for t in texts]
+        return engine.generate(prompts, params)
+
+    if device.type == "cuda":
+        pytest.skip("the tiny engine runs on the CPU; on CUDA the runtime's own tests use it")
+    expected = run(False)
+    assert launches == {}
+    assert run(True) == expected
+    assert set(launches) == set(LAUNCHERS)
