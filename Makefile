@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: venv run test bench info clean demo
+.PHONY: venv run test soak bench info clean demo
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ info: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# the long reliability soak (3 minutes; RELIABILITY_SOAK_MINUTES=30 for the full one)
+soak: venv
+	RELIABILITY_SOAK=1 $(PY) -m pytest -q -s -m soak tests/reliability
 
 bench: venv
 	$(PY) bench/engine.py

@@ -1,8 +1,15 @@
-"""`python -m gateway`: serve the OpenAI-compatible API (see --help)."""
+"""`python -m gateway`: serve the OpenAI-compatible API (see --help).
+
+SIGTERM (or SIGINT) drains: new requests get 503 and /ready turns 503 at once, requests in
+flight may finish within `drain_timeout_seconds`, then the workers close, the ledger is
+flushed and the process exits 0. A second signal aborts at once: workers are killed, the
+rows already settled are flushed, and the process exits 1.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 
 import uvloop
@@ -10,19 +17,80 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.state import STATE
+
+log = logging.getLogger("gateway")
 
 
-async def serve(config) -> None:
+class Shutdown:
+    """Counts termination signals: the first asks for a drain, the second for an abort."""
+
+    def __init__(self):
+        self.signals = 0
+        self.requested = asyncio.Event()
+        self.abort = asyncio.Event()
+
+    def __call__(self, signum: int) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("signal %d: draining (again to abort)", signum)
+            self.requested.set()
+        else:
+            log.warning("signal %d again: aborting", signum)
+            self.abort.set()
+
+
+async def serve(config) -> int:
     app = create_app(config)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    state = app[STATE]
+    shutdown = Shutdown()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown, sig)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
-    logging.getLogger("gateway").info("listening on http://%s:%d", config.host, config.port)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await runner.cleanup()
+    log.info("listening on http://%s:%d", config.host, config.port)
+    await shutdown.requested.wait()
+    state.draining = True  # 503 for new requests, /ready 503
+    aborted = not await _drain(state, shutdown, config.drain_timeout_seconds)
+    if aborted:
+        _kill_workers(state)  # in-flight requests end with an error event at once
+    cleanup = asyncio.create_task(runner.cleanup())  # closes workers, flushes the ledger
+    done, _ = await asyncio.wait({cleanup, asyncio.create_task(shutdown.abort.wait())},
+                                 return_when=asyncio.FIRST_COMPLETED)
+    if cleanup not in done:  # a second signal during the cleanup: stop waiting for workers
+        aborted = True
+        _kill_workers(state)
+        await cleanup
+    log.info("stopped (%s)", "aborted" if aborted else "drained")
+    return 1 if aborted else 0
+
+
+def _kill_workers(state) -> None:
+    state.stop.set()  # no supervisor restarts them
+    for w in state.workers:
+        w._closing = True
+        if w.proc is not None and w.proc.returncode is None:
+            w.proc.kill()
+
+
+async def _drain(state, shutdown: Shutdown, timeout: float) -> bool:
+    """Wait for in-flight requests to finish; False if a second signal came first."""
+    idle = asyncio.create_task(state.idle.wait())
+    abort = asyncio.create_task(shutdown.abort.wait())
+    done, pending = await asyncio.wait({idle, abort}, timeout=timeout,
+                                       return_when=asyncio.FIRST_COMPLETED)
+    for t in pending:
+        t.cancel()
+    if abort in done:
+        return False
+    if idle not in done:
+        log.warning("drain timeout: %d requests still in flight are cut",
+                    state.active_requests)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,10 +98,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "%(message)s")
     config = load_config(argv)
     try:
-        uvloop.run(serve(config))
+        return uvloop.run(serve(config))
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 1
 
 
 if __name__ == "__main__":

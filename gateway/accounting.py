@@ -5,10 +5,12 @@ Settlement happens exactly once per request whatever ends it: every choice finis
 for what it produced, an abort included), dropped from the queue before any worker saw it
 (not billed), or lost with a crashed worker or refused by it (not billed: our fault). It
 returns the reservation, refunds unused rate-limit tokens, corrects the fair-share clock and
-writes the ledger row.
+writes the ledger row. The row's commit is a future on the Generation (`committed`): an
+answer's final usage waits for it, so a client never holds a bill the ledger could lose.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -121,7 +123,7 @@ class Accounting:
         for callback in self.on_settle:
             callback(gen)
         if self.ledger is not None:
-            self.ledger.record(self._row(gen))
+            gen.committed = self.ledger.record(self._row(gen))
 
     def _row(self, gen) -> LedgerRow:
         c, u = gen.charge, gen.usage
@@ -136,6 +138,18 @@ class Accounting:
             (gen.first_token_at - gen.enqueued_at) if gen.first_token_at else None,
             now_mono - gen.enqueued_at if gen.enqueued_at else None,
             ",".join(sorted(set(gen.finish_reasons.values()))) or None, status)
+
+
+async def wait_committed(gen, timeout: float = 30.0) -> None:
+    """Wait until the request's ledger row is committed (raises if it could not be)."""
+    future = getattr(gen, "committed", None)
+    if future is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(future), timeout)
+    except Exception as exc:  # noqa: BLE001 - a lost row must not look like a finished bill
+        raise APIError(500, "the request finished but its usage could not be recorded; "
+                       "it is not billed", "server_error", code="ledger_unavailable") from exc
 
 
 def _status(reason: str | None) -> str:

@@ -6,6 +6,7 @@ import time
 
 from aiohttp import web
 
+from gateway.accounting import wait_committed
 from gateway.errors import APIError
 from gateway.http_errors import json_response
 from gateway.openai_responses import ChoiceResult, chat_response, completion_response, usage_dict
@@ -103,6 +104,7 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
                     state.metrics.itl.labels(state.model_name).observe(gap)
             last = now
         await pinger.stop()
+        await wait_committed(gen)  # the bill is durable before the client sees it final
         out = await ensure_open()
         for event in chunker.usage(usage_of(gen)):
             await out.send(event)
@@ -129,6 +131,7 @@ async def respond_json(state: GatewayState, gen: Generation) -> web.Response:
         texts[delta.index].append(delta.text)
         if delta.logprobs:
             logprobs[delta.index].extend(delta.logprobs)
+    await wait_committed(gen)  # the bill is durable before the client sees the answer
     wants_logprobs = req.params.logprobs or req.params.top_logprobs > 0
     choices = []
     for i in range(req.n):

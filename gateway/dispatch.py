@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 from dataclasses import dataclass, field
 
-from gateway.queue import QueueEntry, RequestQueue
+from gateway.queue import QueueEntry, QueueFull, RequestQueue
 from gateway.worker_client import WorkerDied, WorkerHandle
 
 AFFINITY_TOKENS = 64
@@ -61,7 +61,10 @@ class Dispatcher:
     def enqueue(self, job: Job, virtual_start: float | None = None) -> None:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
         job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start)
-        self.queue.push(job.entry)
+        displaced = self.queue.push(job.entry)
+        if displaced is not None and not displaced.payload.assigned.done():
+            # a more urgent job took its place: it is refused as if the queue had been full
+            displaced.payload.assigned.set_exception(QueueFull(self.queue.retry_after()))
         self.dispatch_ready()  # at once when a worker has room: no wait for the loop's turn
 
     def cancel(self, job: Job) -> bool:

@@ -11,8 +11,8 @@ from gateway.errors import APIError, error_body
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error"}
+          404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error"}
 
 
 def json_response(obj, status: int = 200, headers: dict | None = None) -> web.Response:

@@ -1,15 +1,22 @@
 """The durable ledger: one SQLite row (WAL mode) for every finished request.
 
-Rows are written by one background thread, so the event loop never waits on the disk;
-`flush()` waits until every queued row is committed. Reads use their own connection.
+Rows are written by one background thread, so the event loop never waits on the disk.
+`record()` returns an asyncio future that the writer resolves once the row is committed (rows
+are committed in batches, one future callback per batch), so an answer can wait for its row:
+with WAL, a committed row survives the gateway being killed. `flush()` waits until every
+queued row is committed. Reads use their own connection.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import queue
 import sqlite3
 import threading
 import time
 from dataclasses import astuple, dataclass, fields
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -70,8 +77,14 @@ class Ledger:
         return db
 
     # ---- writes -------------------------------------------------------------------------
-    def record(self, row: LedgerRow) -> None:
-        self._rows.put(row)
+    def record(self, row: LedgerRow) -> asyncio.Future | None:
+        """Queue a row; the future (None outside an event loop) resolves once it is committed."""
+        try:
+            future = asyncio.get_running_loop().create_future()
+        except RuntimeError:
+            future = None
+        self._rows.put((row, future))
+        return future
 
     def flush(self, timeout: float = 30.0) -> None:
         done = threading.Event()
@@ -91,11 +104,18 @@ class Ledger:
             batch = [item]
             while not self._rows.empty() and len(batch) < 512:
                 batch.append(self._rows.get_nowait())
-            rows = [astuple(r) for r in batch if isinstance(r, LedgerRow)]
-            if rows:
-                with db:
-                    db.executemany(f"INSERT OR REPLACE INTO requests VALUES ({marks})", rows)
-                self.rows_written += len(rows)
+            entries = [r for r in batch if isinstance(r, tuple)]
+            error = None
+            if entries:
+                try:
+                    with db:
+                        db.executemany(f"INSERT OR REPLACE INTO requests VALUES ({marks})",
+                                       [astuple(row) for row, _ in entries])
+                    self.rows_written += len(entries)
+                except sqlite3.Error as exc:  # the waiting answers report it; keep writing
+                    log.error("ledger write of %d rows failed: %s", len(entries), exc)
+                    error = exc
+                _resolve([f for _, f in entries if f is not None], error)
             for r in batch:
                 if isinstance(r, threading.Event):
                     r.set()
@@ -135,6 +155,29 @@ class Ledger:
     def rows(self) -> list[LedgerRow]:
         with self._connect() as db:
             return [LedgerRow(*r) for r in db.execute("SELECT * FROM requests").fetchall()]
+
+
+def _resolve(futures: list, error: Exception | None) -> None:
+    """Resolve committed rows' futures on their loops: one callback per loop and batch."""
+    by_loop: dict = {}
+    for f in futures:
+        by_loop.setdefault(f.get_loop(), []).append(f)
+    for loop, group in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle_futures, group, error)
+        except RuntimeError:  # the loop has closed: nobody waits any more
+            pass
+
+
+def _settle_futures(futures: list, error: Exception | None) -> None:
+    for f in futures:
+        if f.done():
+            continue
+        if error is None:
+            f.set_result(True)
+        else:
+            f.set_exception(error)
+            f.exception()  # mark retrieved: an answer that no longer waits must not warn
 
 
 def now() -> float:

@@ -2,7 +2,10 @@
 
 Order: priority class first (lower is more urgent), arrival second. Aging: a request's
 effective priority improves by one class every `aging_seconds` it waits, so low priority never
-starves. Because every waiting entry ages at the same rate, the order is fixed at insertion:
+starves. When the queue is full, a request more urgent (by that aged order) than the last in
+line takes its place, and the displaced one is refused with 429 as if it had come too late,
+so a burst of bulk traffic never locks urgent requests out. Because every waiting entry ages at
+the same rate, the order is fixed at insertion:
 the key priority * aging_seconds + arrival sorts exactly like the aged priority at any moment,
 so a plain heap serves (O(log n) push and pop, O(1) lazy removal).
 """
@@ -45,14 +48,23 @@ class RequestQueue:
     def __len__(self) -> int:
         return self._size
 
-    def push(self, entry: QueueEntry) -> None:
-        if self._size >= self.max_size:
-            raise QueueFull(self.retry_after())
+    def push(self, entry: QueueEntry) -> QueueEntry | None:
+        """Queue an entry; when full, displace (and return) the last in line if the new
+        entry comes before it, else raise QueueFull."""
         start = entry.arrival if entry.virtual_start is None else entry.virtual_start
         entry.key = entry.priority * self.aging_seconds + start
+        displaced = None
+        if self._size >= self.max_size:
+            last = max((e for _, _, e in self._heap if e.queued), key=lambda e: e.key,
+                       default=None)
+            if last is None or entry.key >= last.key:
+                raise QueueFull(self.retry_after())
+            self.remove(last)
+            displaced = last
         heapq.heappush(self._heap, (entry.key, next(self._count), entry))
         entry.queued = True
         self._size += 1
+        return displaced
 
     def peek(self) -> QueueEntry | None:
         self._drop_removed()

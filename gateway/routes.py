@@ -10,7 +10,7 @@ from aiohttp import web
 from gateway.completions import respond_json, stream_sse
 from gateway.admission import admit
 from gateway.auth import authenticate, require_admin
-from gateway.errors import bad_request
+from gateway.errors import APIError, bad_request
 from gateway.feed_route import telemetry_handler
 from gateway.ledger import PERIOD_FORMATS
 from gateway.http_errors import json_response
@@ -27,8 +27,13 @@ def trace_context(request: web.Request) -> dict | None:
     return headers or None
 
 
-async def read_json(request: web.Request):
-    raw = await request.read()  # over client_max_size: 413 through the middleware
+async def read_json(request: web.Request, timeout: float | None = None):
+    """The decoded body: 413 over the limit, 408 if it trickles in slower than `timeout`."""
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)  # over client_max_size: 413
+    except asyncio.TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="body_timeout") from None
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -38,13 +43,16 @@ async def read_json(request: web.Request):
 async def generate(request: web.Request, kind: str):
     state = request.app[STATE]
     key = authenticate(request, state.keys)
-    state.require_service()  # 503 until a worker is ready
-    body = await read_json(request)
-    gen = admit(state, key, parse_request(kind, body), body, trace_context(request))
-    req = gen.request
-    if req.stream:
-        return await stream_sse(request, state, gen)
-    return await respond_json(state, gen)
+    state.require_service()  # 503 until a worker is ready, and while draining
+    state.request_started()  # a drain waits for this handler
+    try:
+        body = await read_json(request, state.config.body_timeout_seconds)
+        gen = admit(state, key, parse_request(kind, body), body, trace_context(request))
+        if gen.request.stream:
+            return await stream_sse(request, state, gen)
+        return await respond_json(state, gen)
+    finally:
+        state.request_ended()
 
 
 async def usage(request: web.Request):
@@ -92,11 +100,11 @@ async def health(request: web.Request):
 async def ready(request: web.Request):
     state = request.app[STATE]
     alive = sum(w.alive for w in state.workers)
-    body = {"ready": bool(alive and state.service), "workers_ready": alive,
+    body = {"ready": bool(alive and state.service) and not state.draining,
+            "draining": state.draining, "workers_ready": alive,
             "workers": len(state.workers),
             "worker_pids": [w.pid if w.alive else None for w in state.workers],
-            "uptime_seconds": round(time.time() -
-                                                                   state.started_at, 3)}
+            "uptime_seconds": round(time.time() - state.started_at, 3)}
     return json_response(body, 200 if body["ready"] else 503)
 
 

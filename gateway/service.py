@@ -53,6 +53,7 @@ class Generation:
     worker_timing: dict | None = None  # wall-clock times reported by the worker
     settled_at: float | None = None  # monotonic; when the accounting closed the request
     model_name: str | None = None
+    committed: object = None  # asyncio.Future: the ledger row is committed (see accounting)
 
     @property
     def queue_seconds(self) -> float:
@@ -69,6 +70,12 @@ class GenerationService:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.default_max_tokens = default_max_tokens
+        # control tokens a client's message text must not smuggle in (role injection)
+        self.special_texts = tuple(sorted(
+            t.content for t in tokenizer.backend.get_added_tokens_decoder().values()
+            if t.special))
+        # no token covers more bytes than this, so a longer text cannot fit the context
+        self.max_token_bytes = _max_token_bytes(tokenizer)
 
     # ---- before the queue ---------------------------------------------------------------
     def prepare(self, request: GenerationRequest, salt: str | None = None,
@@ -97,16 +104,37 @@ class GenerationService:
 
     def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
         if request.kind == "chat":
+            self._check_no_special_tokens(request.messages)
             text = self.tokenizer.apply_chat_template(list(request.messages))
-            return text, self.tokenizer.encode(text)
+            return text, self._encode(text, "messages")
         if isinstance(request.prompt, str):
-            return request.prompt, self.tokenizer.encode(request.prompt)
+            return request.prompt, self._encode(request.prompt, "prompt")
         ids = list(request.prompt)
         for i, t in enumerate(ids):
             if not 0 <= t < self.vocab_size:
                 raise bad_request(f"prompt token {i} is {t}, outside the vocabulary "
                                   f"[0, {self.vocab_size})", param="prompt")
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
+
+    def _encode(self, text: str, param: str) -> list[int]:
+        """Tokenize, refusing first (cheaply) a text too long to fit whatever its tokens:
+        tokenizing holds the event loop, so its cost must stay bounded by the context."""
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.max_model_len * self.max_token_bytes:
+            raise bad_request(f"the prompt is {size} bytes: more than this model's context of "
+                              f"{self.max_model_len} tokens can hold", param=param,
+                              code="context_length_exceeded")
+        return self.tokenizer.encode(text)
+
+    def _check_no_special_tokens(self, messages) -> None:
+        for i, message in enumerate(messages):
+            content = message["content"]
+            for special in self.special_texts:
+                if special in content:
+                    raise bad_request(f"messages[{i}].content contains the control token "
+                                      f"{special!r}, which only the chat template may place",
+                                      param=f"messages[{i}].content",
+                                      code="control_token_in_content")
 
     # ---- queue, worker, stream ----------------------------------------------------------
     def enqueue(self, gen: Generation) -> None:
@@ -132,6 +160,10 @@ class GenerationService:
             except WorkerDied as exc:
                 self._drop(gen, "error")
                 raise server_error(f"no worker could take the request: {exc}") from None
+            except QueueFull as exc:  # a more urgent request took its place in the queue
+                self._drop(gen, "rejected")
+                raise rate_limited("the request queue is full; a more urgent request took "
+                                   "this one's place", retry_after_s=exc.retry_after) from None
             gen.dispatched_at = time.monotonic()
             index = {sub_id: i for i, sub_id in enumerate(job.sub_ids)}
             remaining = set(index)
@@ -177,6 +209,16 @@ class GenerationService:
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _max_token_bytes(tokenizer) -> int:
+    longest = 1
+    for i in range(tokenizer.backend.get_vocab_size()):
+        try:
+            longest = max(longest, len(tokenizer.token_bytes(i)))
+        except Exception:  # noqa: BLE001 - a hole in the vocabulary covers nothing
+            pass
+    return longest
 
 
 def _params_dict(params) -> dict:

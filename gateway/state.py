@@ -35,8 +35,26 @@ class GatewayState:
     started_at: float = field(default_factory=time.time)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     open_responses: set = field(default_factory=set)  # streams to close on shutdown
+    draining: bool = False  # SIGTERM received: admit nothing new, let in-flight finish
+    active_requests: int = 0  # generation handlers running (HTTP and WebSocket requests)
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is active
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def request_started(self) -> None:
+        self.active_requests += 1
+        self.idle.clear()
+
+    def request_ended(self) -> None:
+        self.active_requests -= 1
+        if self.active_requests <= 0:
+            self.idle.set()
 
     def require_service(self) -> GenerationService:
+        if self.draining:
+            raise APIError(503, "the server is shutting down; retry on another instance",
+                           "server_error", code="shutting_down", headers={"Retry-After": "5"})
         if self.service is None or not any(w.alive for w in self.workers):
             raise APIError(503, "no worker is ready yet; retry shortly", "server_error",
                            code="not_ready", headers={"Retry-After": "5"})

@@ -19,6 +19,7 @@ from aiohttp import WSMsgType, web
 
 from gateway.admission import admit
 from gateway.auth import authenticate
+from gateway.accounting import wait_committed
 from gateway.completions import usage_of
 from gateway.errors import APIError, bad_request
 from gateway.openai_api import parse_request
@@ -75,6 +76,7 @@ class Connection:
         return None
 
     async def run(self, rid: str, message: dict) -> None:
+        self.state.request_started()  # a drain waits for this request
         try:
             await self._run(rid, message)
         except APIError as exc:
@@ -84,6 +86,7 @@ class Connection:
                 "message": "cancelled", "type": "cancelled", "param": None, "code": None}})
         finally:
             self.tasks.pop(rid, None)
+            self.state.request_ended()
 
     async def _run(self, rid: str, message: dict) -> None:
         endpoint = message.get("endpoint", "chat")
@@ -112,6 +115,7 @@ class Connection:
                     await self.send({"type": "chunk", "id": rid, "data": chunk})
         finally:
             watcher.cancel()
+        await wait_committed(gen)  # the bill is durable before the client sees "done"
         if self.state.metrics is not None:
             self.state.metrics.observe_finished(gen)
         await self.send({"type": "done", "id": rid, "usage": usage_of(gen)})
