@@ -19,7 +19,6 @@ linear-layer bound (definition printed with the results).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import random
 import sys
