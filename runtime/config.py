@@ -53,7 +53,7 @@ class EngineConfig:
     disk_cache_bytes: int = 4 << 30  # size limit of the disk tier
     spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH
     num_spec_tokens: int = 4  # the most proposed tokens per request per step
-    spec_max_batch: int = 8  # no speculation in steps decoding more requests than this
+    spec_max_batch: int = 4  # no speculation in steps decoding more requests than this
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     seed: int = 0

@@ -92,10 +92,10 @@ class WaitingQueue:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int,
-                 spec: SpecConfig | None = None):
+                 spec: SpecConfig | None = None, draft_cost: float = 0.0):
         self.config = config
         self.spec = spec or SpecConfig()
-        self.governor = Governor(self.spec)
+        self.governor = Governor(self.spec, draft_cost)
         self.kv = kv
         self.max_model_len = max_model_len
         self.waiting = WaitingQueue()

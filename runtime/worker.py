@@ -54,6 +54,12 @@ class Worker:
         self.commands: queue.Queue = queue.Queue()
         self.running = True
         self.device = DeviceStats(engine.info().get("device", "cpu"))
+        self.disagg = None  # runtime.disagg.Disagg when the worker may move KV
+
+    def enable_disagg(self, store_address: str | None) -> None:
+        from runtime.disagg import Disagg, KVTransport
+        transport = KVTransport(store_address, self.commands.put) if store_address else None
+        self.disagg = Disagg(self.engine, transport, self.send)
 
     def send(self, message: dict) -> None:
         self.out.write(encode_frame(message))
@@ -76,10 +82,41 @@ class Worker:
             self.running = False
         elif kind == "abort":
             final = self.engine.abort_request(message["id"])
+            if self.disagg is not None:
+                self.disagg.abort(message["id"])
             if final is not None:
-                self.send({"type": "step", "outputs": [output_message(final)], "stats": None})
+                self.send({"type": "step", "outputs": self.messages([final]), "stats": None})
         elif kind == "add":
             self.add(message)
+        elif self.disagg is not None:
+            self.apply_disagg(message)
+
+    def apply_disagg(self, message: dict) -> None:
+        kind = message["type"]
+        if kind == "export":
+            self.disagg.export(message)
+        elif kind == "import":
+            try:
+                params = self.params(message["params"])
+            except (TypeError, ValueError) as exc:
+                self.send({"type": "import_failed", "id": message["id"], "error": str(exc)})
+                return
+            self.disagg.import_(message, params)
+        elif kind.startswith("_kv_"):
+            self.disagg.on_internal(message)
+
+    @staticmethod
+    def params(fields: dict) -> SamplingParams:
+        return SamplingParams(**{k: tuple(v) if isinstance(v, list) else v
+                                 for k, v in fields.items()})
+
+    def messages(self, outputs: list[RequestOutput]) -> list[dict]:
+        messages = [output_message(o) for o in outputs]
+        if self.disagg is not None:
+            self.disagg.after_step(messages)
+            for m in messages:
+                self.disagg.decorate(m)
+        return messages
 
     def add(self, message: dict) -> None:
         try:
@@ -87,6 +124,8 @@ class Worker:
                                        for k, v in message["params"].items()})
             self.engine.add_request(message["id"], message["prompt"], params,
                                     message.get("priority", 0), message.get("salt"))
+            if message.get("prefill_only") and self.disagg is not None:
+                self.disagg.prefill_only.add(message["id"])
         except (RuntimeErrorBase, TypeError, ValueError) as exc:
             self.send({"type": "rejected", "id": message.get("id"),
                        "error": {"message": str(exc), "param": getattr(exc, "param", None),
@@ -104,7 +143,7 @@ class Worker:
                 pass
             if self.engine.has_unfinished_requests():
                 outputs, stats = self.engine.step()
-                self.send({"type": "step", "outputs": [output_message(o) for o in outputs],
+                self.send({"type": "step", "outputs": self.messages(outputs),
                            "stats": stats_message(self.engine, stats, self.device)})
             elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
                 last_stats = time.monotonic()
@@ -125,6 +164,8 @@ def parse_args(argv=None):
     p.add_argument("--disk-cache-dir", default=None)
     p.add_argument("--spec", default="off", help="off, ngram, self:L or draft:PATH")
     p.add_argument("--num-spec-tokens", type=int, default=4)
+    p.add_argument("--kv-store", default=None,
+                   help="HOST:PORT of the TCPStore for KV transfers (prefill/decode workers)")
     p.add_argument("--fake", action="store_true",
                    help="a deterministic fake engine (no model), for gateway tests")
     p.add_argument("--fake-step-ms", type=float, default=2.0,
@@ -157,6 +198,8 @@ def main(argv=None) -> int:
     sys.stdout = sys.stderr
     frames_in = os.fdopen(0, "rb")
     worker = Worker(build_engine(args), frames_out)
+    if args.kv_store:
+        worker.enable_disagg(args.kv_store)
     worker.send(worker.ready_message())
     threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
     worker.loop()

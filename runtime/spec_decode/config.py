@@ -10,14 +10,14 @@ class SpecConfig:
     num_layers: int = 0  # self: the target's first L layers draft
     draft_path: str | None = None  # draft: a GGUF file or HF folder with the same vocabulary
     num_tokens: int = 4  # the most tokens proposed per request per step
-    max_batch: int = 8  # above this many decoding requests the step is compute-bound: no spec
+    max_batch: int = 4  # above this many decoding requests the step is compute-bound: no spec
 
     @property
     def enabled(self) -> bool:
         return self.method != "off"
 
     @classmethod
-    def parse(cls, text: str | None, num_tokens: int = 4, max_batch: int = 8) -> "SpecConfig":
+    def parse(cls, text: str | None, num_tokens: int = 4, max_batch: int = 4) -> "SpecConfig":
         text = (text or "off").strip()
         if text == "off":
             return cls()

@@ -1,25 +1,43 @@
-"""How many tokens to propose for each request, from its running acceptance rate.
+"""How many tokens to propose for each request: the draft length that maximises expected
+tokens per unit of work, from the request's running acceptance rate and the drafter's cost.
 
-A request starts at the configured draft length; its draft length follows an exponential
-average of the fraction of proposed tokens accepted. Speculation pauses for a request whose
-acceptance is low (probing again now and then) and for the whole step when the batch is large
-enough to be compute-bound, where verifying guesses costs as much as decoding them.
+Per step, a request speculating k tokens with per-token acceptance r yields on average
+1 + r + r^2 + ... + r^k tokens, and costs one target step, k draft steps of relative cost c
+(0 for n-gram lookups, about L / layers for a self-draft) and a little verification overhead
+per proposed token. When no k beats plain decoding by a margin, the request decodes normally
+and probes again now and then. The whole step decodes normally when the batch is large enough
+to be compute-bound, where verifying guesses costs as much as decoding them.
 """
 from __future__ import annotations
 
 from runtime.spec_decode.config import SpecConfig
 
 EMA = 0.3
-LOW_ACCEPTANCE = 0.15
-PROBE_EVERY = 16  # steps between probes of a paused request
+VERIFY_COST = 0.05  # extra target work per proposed token at small batch (memory-bound)
+MIN_GAIN = 1.1  # speculate only when expected tokens per unit of work beat this
+PROBE_EVERY = 32  # steps between probes of a paused request
+
+
+def expected_tokens(rate: float, k: int) -> float:
+    return sum(rate ** i for i in range(k + 1))
 
 
 class Governor:
-    def __init__(self, config: SpecConfig):
+    def __init__(self, config: SpecConfig, draft_cost: float = 0.0):
         self.config = config
+        self.draft_cost = draft_cost  # one draft token's work relative to one target step
 
     def step_allows(self, num_decoding: int) -> bool:
         return self.config.enabled and num_decoding <= self.config.max_batch
+
+    def best_k(self, rate: float) -> tuple[int, float]:
+        """The draft length with the best expected tokens per unit of work, and that gain."""
+        best, gain = 0, 1.0
+        for k in range(1, self.config.num_tokens + 1):
+            g = expected_tokens(rate, k) / (1 + k * (self.draft_cost + VERIFY_COST))
+            if g > gain:
+                best, gain = k, g
+        return best, gain
 
     def num_tokens(self, request) -> int:
         """Draft length for this request now (0: decode normally)."""
@@ -27,21 +45,19 @@ class Governor:
         if p.logprobs or p.top_logprobs or p.needs_penalties or not request.spec_allowed:
             return 0  # these need one distribution per step; keep them exact and simple
         state = request.spec_state
-        if state["rate"] < LOW_ACCEPTANCE:
-            state["paused"] += 1
-            if state["paused"] % PROBE_EVERY:
-                return 0
-            return 1
-        return max(1, min(self.config.num_tokens, round(state["rate"] * self.config.num_tokens
-                                                        + 0.5)))
+        k, gain = self.best_k(state["rate"])
+        if gain >= MIN_GAIN:
+            state["paused"] = 0
+            return k
+        state["paused"] += 1
+        return 1 if state["paused"] % PROBE_EVERY == 0 else 0
 
     @staticmethod
     def record(request, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return
         state = request.spec_state
+        # per-token acceptance: accepting a of k in a run means about (a / k) per position
         state["rate"] = (1 - EMA) * state["rate"] + EMA * accepted / proposed
         state["proposed"] += proposed
         state["accepted"] += accepted
-        if state["rate"] >= LOW_ACCEPTANCE:
-            state["paused"] = 0

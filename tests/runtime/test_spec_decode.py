@@ -138,7 +138,7 @@ def test_random_speculative_runs_with_aborts_leak_nothing(make_tiny_engine, ops)
 
 @pytest.mark.model
 def test_smollm_greedy_identical_with_each_proposer(smollm_checkpoint, tmp_path):
-    draft = write_draft(smollm_checkpoint, 28, str(tmp_path / "draft"))
+    draft = write_draft(smollm_checkpoint, 8, str(tmp_path / "draft"))
     tok = smollm_checkpoint.tokenizer
     passage = ("def fibonacci(n):\n    if n < 2:\n        return n\n"
                "    return fibonacci(n - 1) + fibonacci(n - 2)\n")
@@ -153,10 +153,12 @@ def test_smollm_greedy_identical_with_each_proposer(smollm_checkpoint, tmp_path)
         out = engine.generate([prompt, prompt], params)  # the second one hits the cache
         return out, engine
     expected, _ = run("off")
-    for spec in ("ngram", "self:28", f"draft:{draft}"):
+    for spec in ("ngram", "self:8", f"draft:{draft}"):
         got, engine = run(spec)
         assert got == expected, spec
-        assert engine.counters.spec_accepted_tokens > 0, spec
+        assert engine.counters.spec_draft_tokens > 0, spec  # proposals were verified
+        if spec == "ngram":  # copying a passage: lookups hit
+            assert engine.counters.spec_accepted_tokens > 0
     got, engine = run("ngram", num_blocks=12, block_size=16)  # tight: preemption
     assert got == expected
 
@@ -169,3 +171,13 @@ def test_cli_generate_with_speculation(tiny_model_dir):
                           "--max-tokens", "16"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() and "completion tokens" in out.stderr
+
+
+def test_governor_weighs_acceptance_against_draft_cost():
+    from runtime.spec_decode.governor import Governor
+    free = Governor(SpecConfig("ngram", num_tokens=4), draft_cost=0.0)
+    costly = Governor(SpecConfig("self", num_layers=24, num_tokens=4), draft_cost=0.8)
+    assert free.best_k(0.9)[0] == 4  # lookups are free: guess as far as allowed
+    assert costly.best_k(0.22)[0] == 0  # a weak, expensive drafter does not pay
+    assert costly.best_k(0.95)[0] >= 1
+    assert free.best_k(0.0)[0] == 0

@@ -1,0 +1,447 @@
+"""Speculative decoding off against each proposer, side by side in one run, on the real model.
+
+Proposers (`--proposers`, comma-separated):
+  off        no speculation: the reference every speedup is measured against.
+  ngram      prompt lookup: propose what followed the latest earlier occurrence of the last
+             few tokens (prompt and output). No model.
+  self:L     the target's own first L layers (and its final norm and LM head) draft greedily.
+  draft:N    a separate draft model: the target's first N layers written out as a Hugging Face
+             folder (runtime.spec_decode.make_draft.write_draft) in a temporary directory.
+             (draft:PATH with a non-numeric PATH loads that model as is.)
+
+Workloads (chat-template user messages, greedy, EOS honoured, `max_tokens` caps the answer):
+  extractive  "rewrite this code with snake_case names" over invented camelCase code, and
+              "correct the spelling" over invented paragraphs with seeded letter-swap typos.
+              Passages are ~150-300 tokens, so the answer mostly copies the passage.
+  chat        ordinary open questions ("Give three tips for learning to cook", ...).
+
+Concurrency:
+  1  the scenario's prompts (default 2: extractive = one code, one prose) run one after another
+     (each submitted when the previous finished);
+  8  eight prompts submitted at once, each with half the max_tokens (to keep the run short).
+     With the default spec_max_batch=8 the governor still lets a batch of 8 decoding requests
+     speculate; above it, it would not.
+
+Every (workload, concurrency) scenario runs every proposer in turn before the next scenario,
+in a rotating order, so the machine's noise reaches every proposer alike. Each proposer has its
+own engine (prefix caching off, so no scenario is helped by an earlier one) warmed up with a
+short unrelated batch before anything is measured.
+
+Definitions (per scenario and proposer):
+  tokens     generated tokens (sum of every request's output tokens).
+  tok/s      tokens / wall time from the first submission until the last request finishes
+             (prefill included: the draft model's own prefill is part of its cost).
+  decode/s   tokens produced in steps that ran no prefill / those steps' time: the decode loop
+             alone.
+  speedup    tok/s over the `off` tok/s of the same scenario in the same run.
+  accept     accepted draft tokens / proposed draft tokens (engine counters).
+  mean len   accepted tokens per verification + 1: tokens per target forward in the steps
+             where a request speculated (1.0 would be plain decoding).
+  spec%      verifications / request-steps that produced tokens: the fraction of request-steps
+             that speculated (the governor pauses low-acceptance requests and large batches).
+  same       outputs identical to `off` (greedy; batched float arithmetic may legitimately
+             diverge, this is informative, not a test).
+
+    python bench/spec_decode.py                 # full run (~6-7 min on 2 quiet cores)
+    python bench/spec_decode.py --quick         # smoke run (~2-3 min)
+
+Noise: on a 2-core machine shared with other work, a 2-thread step stalls whenever one of its
+threads is descheduled, and a speculating step (many small per-sequence ops) stalls more than a
+plain decode step; `--threads 1` is steadier under contention. Compare runs' `load_avg_1min`.
+    python bench/spec_decode.py --proposers off,ngram,self:24,draft:24,draft:8
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+_BENCH = os.path.dirname(os.path.abspath(__file__))
+# the repo root ahead of bench/, so bench/kernels.py never shadows the `kernels` package
+sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]
+import common
+from common import fmt, log, machine_info, markdown_table, write_json
+
+from runtime.config import EngineConfig
+from runtime.engine import LLMEngine
+from runtime.loader import default_model_path, load_checkpoint
+from runtime.sampling_params import SamplingParams
+from runtime.spec_decode.make_draft import write_draft
+
+# ---- invented passages ------------------------------------------------------------------
+CODE = [
+    '''def computeOrderTotal(orderItems, taxRate, discountCode):
+    subTotal = 0.0
+    for lineItem in orderItems:
+        unitPrice = lineItem["unitPrice"]
+        itemCount = lineItem["quantity"]
+        subTotal += unitPrice * itemCount
+    discountAmount = 0.0
+    if discountCode == "SPRING10":
+        discountAmount = subTotal * 0.10
+    elif discountCode == "VIP25":
+        discountAmount = subTotal * 0.25
+    taxableAmount = subTotal - discountAmount
+    taxAmount = taxableAmount * taxRate
+    grandTotal = taxableAmount + taxAmount
+    return round(grandTotal, 2)
+
+
+def formatReceipt(customerName, orderItems, grandTotal):
+    receiptLines = ["Receipt for " + customerName]
+    for lineItem in orderItems:
+        itemName = lineItem["name"]
+        lineCost = lineItem["unitPrice"] * lineItem["quantity"]
+        receiptLines.append(itemName + ": " + str(lineCost))
+    receiptLines.append("Total: " + str(grandTotal))
+    return "\\n".join(receiptLines)''',
+    '''class TemperatureLogger:
+    def __init__(self, sensorName, maxReadings):
+        self.sensorName = sensorName
+        self.maxReadings = maxReadings
+        self.readingList = []
+
+    def addReading(self, newValue, timeStamp):
+        if len(self.readingList) >= self.maxReadings:
+            self.readingList.pop(0)
+        self.readingList.append((timeStamp, newValue))
+
+    def averageReading(self):
+        if not self.readingList:
+            return None
+        totalValue = sum(readingValue for _, readingValue in self.readingList)
+        return totalValue / len(self.readingList)
+
+    def highestReading(self):
+        bestValue = None
+        for timeStamp, readingValue in self.readingList:
+            if bestValue is None or readingValue > bestValue:
+                bestValue = readingValue
+        return bestValue''',
+    '''def parseConfigFile(filePath):
+    configValues = {}
+    currentSection = "default"
+    with open(filePath) as inputFile:
+        for rawLine in inputFile:
+            cleanLine = rawLine.strip()
+            if not cleanLine or cleanLine.startswith("#"):
+                continue
+            if cleanLine.startswith("[") and cleanLine.endswith("]"):
+                currentSection = cleanLine[1:-1]
+                configValues[currentSection] = {}
+                continue
+            keyName, _, keyValue = cleanLine.partition("=")
+            sectionValues = configValues.setdefault(currentSection, {})
+            sectionValues[keyName.strip()] = keyValue.strip()
+    return configValues
+
+
+def lookupSetting(configValues, sectionName, keyName, defaultValue=None):
+    sectionValues = configValues.get(sectionName, {})
+    return sectionValues.get(keyName, defaultValue)''',
+    '''def findShortestPath(gridRows, startPoint, endPoint):
+    rowCount = len(gridRows)
+    columnCount = len(gridRows[0])
+    visitedCells = {startPoint}
+    pendingQueue = [(startPoint, 0)]
+    while pendingQueue:
+        currentCell, stepCount = pendingQueue.pop(0)
+        if currentCell == endPoint:
+            return stepCount
+        rowIndex, columnIndex = currentCell
+        for rowDelta, columnDelta in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            nextRow = rowIndex + rowDelta
+            nextColumn = columnIndex + columnDelta
+            if 0 <= nextRow < rowCount and 0 <= nextColumn < columnCount:
+                nextCell = (nextRow, nextColumn)
+                if gridRows[nextRow][nextColumn] != "#" and nextCell not in visitedCells:
+                    visitedCells.add(nextCell)
+                    pendingQueue.append((nextCell, stepCount + 1))
+    return -1''',
+]
+
+PROSE = [
+    ("The old lighthouse on the northern cape was built in 1872 by a team of stonemasons who "
+    "travelled from the city every spring. They worked only in the calm months, because the "
+    "winter storms made the narrow path along the cliffs too dangerous to walk. The keeper's "
+    "cottage was added ten years later, together with a small garden where the first keeper "
+    "grew potatoes, onions and a few stubborn roses. For almost a century the light was "
+    "tended by hand: the wick was trimmed each evening, the lens was polished each morning, "
+    "and the brass fittings were cleaned every Sunday. When the light was finally automated, "
+    "the last keeper moved to the village and opened a bakery, which still sells a bread "
+    "named after the lighthouse."),
+    ("Our community garden opened three years ago on a vacant lot behind the public library. "
+    "At first only a handful of neighbours came to the meetings, but the group grew quickly "
+    "once the first harvest of tomatoes and beans was shared at the autumn fair. Today more "
+    "than forty families look after their own beds, and a rota of volunteers waters the "
+    "common plots during the summer holidays. The library lends out tools, the local school "
+    "uses one corner for science lessons, and a retired carpenter built benches from "
+    "reclaimed timber. Next year we hope to add a small greenhouse, so that seedlings can be "
+    "started earlier in the season and given away to anyone who wants to grow food at home."),
+    ("The museum's new exhibition follows the history of timekeeping from sundials to atomic "
+    "clocks. Visitors begin in a bright hall where shadows move across replicas of ancient "
+    "stone dials, and then walk through a gallery of water clocks, candle clocks and "
+    "hourglasses. The central room holds a large pendulum clock whose mechanism is exposed "
+    "behind glass, so that every gear and spring can be watched as it turns. Later rooms "
+    "explain how railways made standard time necessary, how radio signals carried it across "
+    "continents, and how modern satellites depend on extremely precise clocks to tell a "
+    "phone where it is. The exhibition ends with a quiet room where a single clock ticks."),
+    ("Every winter the small mountain town organises a festival of lights that lasts for two "
+    "weeks. Families place lanterns in their windows, shopkeepers decorate the arcades with "
+    "paper stars, and the children of the primary school prepare a parade that winds from "
+    "the old bridge to the main square. On the final evening a choir sings from the steps of "
+    "the town hall while hot chestnuts and spiced apple juice are sold from wooden stalls. "
+    "Visitors often arrive by the narrow railway that climbs the valley, and many of them "
+    "return year after year. The festival began as a way to brighten the longest nights, and "
+    "it has become the event that the whole town looks forward to most."),
+]
+
+CHAT = [
+    "Give three tips for learning to cook.",
+    "What are the main causes of the seasons on Earth?",
+    "Write a short poem about a rainy afternoon.",
+    "How do I start running if I have never exercised before?",
+    "Explain what a database index is to a beginner.",
+    "What should I pack for a weekend hiking trip?",
+    "Why is the sky blue?",
+    "Suggest a plan for a productive morning routine.",
+    "What is the difference between a virus and a bacterium?",
+    "How can I make my houseplants healthier?",
+]
+
+
+def add_typos(text: str, rate: float, seed: int) -> str:
+    """Swap two adjacent inner letters in about `rate` of the words longer than 4 letters."""
+    rng = random.Random(seed)
+    words = text.split(" ")
+    for i, w in enumerate(words):
+        core = w.rstrip(".,:;")
+        if len(core) > 4 and core.isalpha() and rng.random() < rate:
+            j = rng.randrange(1, len(core) - 2)
+            core = core[:j] + core[j + 1] + core[j] + core[j + 2:]
+            words[i] = core + w[len(w.rstrip(".,:;")):]
+    return " ".join(words)
+
+
+def extractive_messages() -> list[str]:
+    """Eight rewrite/correct requests, code and prose interleaved."""
+    out = []
+    for i in range(4):
+        out.append("Rewrite the following Python code with the variable and function names in "
+                   "snake_case, otherwise unchanged:\n\n" + CODE[i])
+        out.append("Correct the spelling in this paragraph and return the corrected "
+                   "paragraph:\n\n" + add_typos(PROSE[i], 0.12, seed=i))
+    return out
+
+
+# ---- one scenario on one engine ---------------------------------------------------------
+def snapshot(engine: LLMEngine) -> dict:
+    c = engine.counters
+    return {"drafts": c.spec_drafts, "draft_tokens": c.spec_draft_tokens,
+            "accepted": c.spec_accepted_tokens, "per_pos": list(c.spec_accepted_per_pos)}
+
+
+def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tag: str,
+              acc: dict) -> list[list[int]]:
+    """Submit `prompts` at once and step until all finish; adds timings to `acc`."""
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    out = {rid: [] for rid in ids}
+    t0 = time.perf_counter()
+    for rid, p in zip(ids, prompts):
+        engine.add_request(rid, p, params)
+    while engine.has_unfinished_requests():
+        outputs, stats = engine.step()
+        n = 0
+        for o in outputs:
+            out[o.request_id].extend(o.new_token_ids)
+            n += len(o.new_token_ids)
+        acc["slots"] += len(outputs)
+        if stats.num_prefill_tokens == 0:
+            acc["decode_s"] += stats.seconds_busy
+            acc["decode_tokens"] += n
+    acc["wall_s"] += time.perf_counter() - t0
+    return [out[rid] for rid in ids]
+
+
+def run_scenario(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams,
+                 concurrency: int, tag: str) -> dict:
+    before = snapshot(engine)
+    acc = {"wall_s": 0.0, "decode_s": 0.0, "decode_tokens": 0, "slots": 0}
+    outputs: list[list[int]] = []
+    for k in range(0, len(prompts), concurrency):
+        outputs += run_batch(engine, prompts[k:k + concurrency], params, f"{tag}-{k}", acc)
+    after = snapshot(engine)
+    drafts = after["drafts"] - before["drafts"]
+    draft_tokens = after["draft_tokens"] - before["draft_tokens"]
+    accepted = after["accepted"] - before["accepted"]
+    per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0)
+               for i, a in enumerate(after["per_pos"])]
+    tokens = sum(len(o) for o in outputs)
+    return {"requests": len(prompts), "tokens": tokens, "wall_s": acc["wall_s"],
+            "tok_s": tokens / acc["wall_s"],
+            "decode_tok_s": acc["decode_tokens"] / acc["decode_s"] if acc["decode_s"] else None,
+            "decode_s": acc["decode_s"], "decode_tokens": acc["decode_tokens"],
+            "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+            "accepted_per_pos": per_pos,
+            "acceptance": accepted / draft_tokens if draft_tokens else None,
+            "mean_accepted_len": accepted / drafts + 1 if drafts else None,
+            "spec_fraction": drafts / acc["slots"] if acc["slots"] else None,
+            "outputs": outputs}
+
+
+# ---- main -------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer prompts, shorter outputs")
+    ap.add_argument("--proposers", default="off,ngram,self:24,draft:24",
+                    help="comma-separated: off, ngram, self:L, draft:N (N-layer draft) or "
+                         "draft:PATH (default: %(default)s)")
+    ap.add_argument("--concurrency", default="1,8", help="comma-separated (default: 1,8)")
+    ap.add_argument("--num-spec-tokens", type=int, default=4)
+    ap.add_argument("--spec-max-batch", type=int, default=8)
+    ap.add_argument("--single-prompts", type=int, default=None,
+                    help="prompts per workload at concurrency 1 (default 2)")
+    ap.add_argument("--extract-tokens", type=int, default=None,
+                    help="max_tokens for extractive prompts at concurrency 1 (default 160, "
+                         "quick 64); half of it at higher concurrency")
+    ap.add_argument("--chat-tokens", type=int, default=None,
+                    help="max_tokens for chat prompts at concurrency 1 (default 128, quick 48); "
+                         "half of it at higher concurrency")
+    ap.add_argument("--model", default=None, help="target model (default: SmolLM2-135M)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", default=os.path.join(_BENCH, "results", "spec_decode.json"))
+    args = ap.parse_args(argv)
+
+    threads = common.setup_threads(args.threads or os.cpu_count())
+    singles = args.single_prompts or 2
+    ext_tokens = args.extract_tokens or (64 if args.quick else 160)
+    chat_tokens = args.chat_tokens or (48 if args.quick else 128)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
+    if "off" not in proposers:
+        proposers.insert(0, "off")
+    t_start = time.perf_counter()
+
+    log(f"loading {args.model or default_model_path()} ...")
+    ck = load_checkpoint(args.model or default_model_path())
+    tok = ck.tokenizer
+
+    def encode(msg: str) -> list[int]:
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": msg}]))
+
+    workloads = {"extractive": ([encode(m) for m in extractive_messages()], ext_tokens),
+                 "chat": ([encode(m) for m in CHAT], chat_tokens)}
+    for name, (ps, _) in workloads.items():
+        lens = [len(p) for p in ps]
+        log(f"{name}: {len(ps)} prompts, {min(lens)}-{max(lens)} prompt tokens")
+
+    tmp = tempfile.mkdtemp(prefix="spec_bench_")
+    engines: dict[str, LLMEngine] = {}
+    draft_layers: dict[str, int] = {}
+    try:
+        for p in proposers:
+            spec = p
+            kind, _, arg = p.partition(":")
+            if kind == "draft" and arg.isdigit():
+                path = write_draft(ck, int(arg), os.path.join(tmp, f"draft{arg}"))
+                spec, draft_layers[p] = f"draft:{path}", int(arg)
+            cfg = EngineConfig(spec=spec, num_spec_tokens=args.num_spec_tokens,
+                               spec_max_batch=args.spec_max_batch, kv_cache_bytes=256 << 20,
+                               enable_prefix_caching=False)
+            engines[p] = LLMEngine(ck, cfg)
+            # warm-up: one short request alone, then a short batch (spec paths included)
+            warm = [encode(f"Say hello number {i}.") for i in range(3)]
+            engines[p].generate(warm[:1], SamplingParams(max_tokens=12, temperature=0.0))
+            engines[p].generate(warm, SamplingParams(max_tokens=8, temperature=0.0))
+            log(f"engine {p}: ready")
+
+        results = []
+        order = list(proposers)
+        for wname, (prompts, full_tokens) in workloads.items():
+            for conc in concurrencies:
+                max_tokens = full_tokens if conc == 1 else max(8, full_tokens // 2)
+                params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+                use = prompts[:singles] if conc == 1 else prompts[:conc]
+                if len(use) < conc:
+                    use = (use * conc)[:conc]
+                scen = {}
+                for p in order:
+                    r = run_scenario(engines[p], use, params, conc, f"{wname}-{conc}-{p}")
+                    scen[p] = r
+                    log(f"{wname:10s} c={conc} {p:10s} {r['tokens']:5d} tok "
+                        f"{r['wall_s']:6.1f}s {r['tok_s']:6.1f} tok/s "
+                        f"accept {fmt(r['acceptance'])} len {fmt(r['mean_accepted_len'])}")
+                order = order[1:] + order[:1]  # rotate who goes first
+                base = scen["off"]
+                for p in proposers:
+                    r = scen[p]
+                    r["speedup"] = r["tok_s"] / base["tok_s"]
+                    r["decode_speedup"] = (r["decode_tok_s"] / base["decode_tok_s"]
+                                           if r["decode_tok_s"] and base["decode_tok_s"]
+                                           else None)
+                    r["same_as_off"] = sum(a == b for a, b in zip(r["outputs"], base["outputs"]))
+                    results.append({"workload": wname, "concurrency": conc, "proposer": p,
+                                    "max_tokens": max_tokens,
+                                    **{k: v for k, v in r.items() if k != "outputs"}})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    headers = ["workload", "conc", "proposer", "tokens", "wall s", "tok/s", "speedup",
+               "decode/s", "dec. speedup", "accept", "mean len", "spec%", "same"]
+    rows = [[r["workload"], r["concurrency"], r["proposer"], r["tokens"], fmt(r["wall_s"], 1),
+             fmt(r["tok_s"], 1), fmt(r["speedup"]) + "x", fmt(r["decode_tok_s"], 1),
+             fmt(r["decode_speedup"]) + "x" if r["decode_speedup"] else "n/a",
+             fmt(r["acceptance"]), fmt(r["mean_accepted_len"]),
+             fmt(100 * r["spec_fraction"], 0) if r["spec_fraction"] is not None else "n/a",
+             f"{r['same_as_off']}/{r['requests']}"] for r in results]
+    table = markdown_table(headers, rows)
+    total_s = time.perf_counter() - t_start
+
+    def pick(w, c, p):
+        return next((r for r in results if r["workload"] == w and r["concurrency"] == c
+                     and r["proposer"] == p), None)
+
+    targets = {}
+    ng = pick("extractive", 1, "ngram")
+    if ng:
+        targets["extractive_single_ngram_speedup"] = ng["speedup"]
+        targets["extractive_single_ngram_ge_2x"] = ng["speedup"] >= 2.0
+    chat_worst = [r["speedup"] for r in results if r["workload"] == "chat"
+                  and r["proposer"] != "off"]
+    if chat_worst:
+        targets["chat_min_speedup"] = min(chat_worst)
+        targets["chat_never_below_0.95x"] = min(chat_worst) >= 0.95
+
+    print(f"## Speculative decoding ({'quick' if args.quick else 'full'} run, "
+          f"{threads} threads, num_spec_tokens={args.num_spec_tokens}, "
+          f"spec_max_batch={args.spec_max_batch}; max_tokens extractive {ext_tokens}, "
+          f"chat {chat_tokens} at concurrency 1 ({singles} prompts in sequence), half that at "
+          f"higher concurrency)\n")
+    print(table)
+    print()
+    for k, v in targets.items():
+        print(f"- {k}: {fmt(v) if isinstance(v, float) else v}")
+    print(f"- total run time: {total_s:.0f} s")
+
+    path = write_json(args.out, {
+        "benchmark": "spec_decode", "quick": args.quick, "machine": machine_info(),
+        "model": ck.source,
+        "settings": {"proposers": proposers, "draft_layers": draft_layers,
+                     "concurrency": concurrencies, "num_spec_tokens": args.num_spec_tokens,
+                     "spec_max_batch": args.spec_max_batch, "single_prompts": singles,
+                     "extractive_max_tokens": ext_tokens, "chat_max_tokens": chat_tokens,
+                     "kv_cache_bytes": 256 << 20, "prefix_caching": False,
+                     "prompt_tokens": {w: [len(p) for p in ps]
+                                       for w, (ps, _) in workloads.items()}},
+        "results": results, "targets": targets, "table": table, "total_s": total_s})
+    log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

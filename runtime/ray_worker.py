@@ -1,0 +1,77 @@
+"""A runtime worker as a Ray actor, for the gateway's cluster mode (`--ray-address`).
+
+The actor runs the same `runtime.worker.Worker` loop on a thread; frames that would cross a
+pipe cross Ray calls instead: `push` queues commands in order (a one-thread concurrency
+group), `pull` returns the frames written since the last call (waiting up to `timeout`
+seconds for one). Ray places the actor (GPU resource requests where the device is CUDA) on
+any node; every node needs this repository at the same path (PYTHONPATH is set by the gateway).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import ray
+
+from runtime.protocol import decode_body
+
+
+class _FrameQueue:
+    """A worker's out stream whose frames wait in a queue for `pull`."""
+
+    def __init__(self):
+        self.frames: queue.Queue = queue.Queue()
+
+    def write(self, data: bytes) -> None:
+        self.frames.put(decode_body(data[4:]))  # one frame per write (Worker.send)
+
+    def flush(self) -> None:
+        pass
+
+
+class RayWorker:
+    def __init__(self, argv: list[str]):
+        from runtime.worker import Worker, build_engine, parse_args
+        args = parse_args(argv)
+        self.out = _FrameQueue()
+        self.worker = Worker(build_engine(args), self.out)
+        if args.kv_store:
+            self.worker.enable_disagg(args.kv_store)
+        self.thread = threading.Thread(target=self.worker.loop, daemon=True)
+        self.thread.start()
+
+    def ready(self) -> dict:
+        return self.worker.ready_message()
+
+    def node_ip(self) -> str:
+        return ray.util.get_node_ip_address()
+
+    @ray.method(concurrency_group="push")
+    def push(self, message: dict) -> None:
+        self.worker.commands.put(message)
+
+    @ray.method(concurrency_group="pull")
+    def pull(self, timeout: float = 0.5) -> list[dict]:
+        frames = []
+        try:
+            frames.append(self.out.frames.get(timeout=timeout))
+            while True:
+                frames.append(self.out.frames.get_nowait())
+        except queue.Empty:
+            pass
+        if not frames and not self.thread.is_alive():
+            os._exit(1)  # the loop ended (shutdown): the actor ends, the gateway notices
+        return frames
+
+
+class KVStoreHost:
+    """Hosts the TCPStore of KV-transfer groups on a cluster node (Ray finds it by name)."""
+
+    def __init__(self):
+        from torch.distributed import TCPStore
+        self.store = TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
+        self.address = f"{ray.util.get_node_ip_address()}:{self.store.port}"
+
+    def get_address(self) -> str:
+        return self.address
