@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # `python bench/engine.py` from anywhere
-    sys.path.insert(0, str(REPO_ROOT))
+# `python bench/engine.py` puts bench/ first on sys.path, where bench/kernels.py would shadow
+# the kernels package: the repo root must come first, whatever else put it on the path.
+sys.path[:] = [str(REPO_ROOT)] + [p for p in sys.path if p != str(REPO_ROOT)]
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
