@@ -41,6 +41,7 @@ class SnapshotBuilder:
         state = self.state
         now = time.time()
         return {"type": "snapshot", "time": now, "uptime_s": now - state.started_at,
+                "model": state.model_name,  # also here: a hello may precede the first worker
                 "workers": [self._worker(w, now) for w in state.workers],
                 "queue": self._queue(), "cache": self._cache(), "revenue": self._revenue(now),
                 "latency": self._latency(),
