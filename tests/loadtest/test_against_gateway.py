@@ -61,7 +61,9 @@ def test_streaming_latencies_match_engine_timing(gw, protocol):
     assert 0.8 * N * ms <= lat["e2e"]["p50"] <= 1.5 * N * ms + 20
     for r in out.records:  # e2e is first token plus the decode gaps, then the stream's tail
         tail = r.e2e - (r.ttft + r.tpot * (N - 1))
-        assert -1e-9 <= tail <= S
+        # the identity holds exactly (tail >= 0); the tail's size is scheduling, so it is only
+        # bounded loosely (a stalled 2-core machine must not fail the arithmetic check)
+        assert -1e-9 <= tail <= 10 * S
         assert r.completion_tokens == N == r.tokens_arrived
 
 
