@@ -23,10 +23,12 @@ from gateway.queue import RequestQueue
 from gateway.routes import add_routes
 from gateway.service import GenerationService
 from gateway.state import STATE, GatewayState
-from gateway.worker_client import WorkerHandle, supervise
+from gateway.worker_client import RayWorkerHandle, WorkerHandle, supervise
 from runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+KV_STORE = web.AppKey("kv_store", object)  # the TCPStore of KV-transfer groups (PD mode)
+KV_METRICS = web.AppKey("kv_metrics", dict)  # "seconds" histogram, "bytes" counter (PD)
 
 
 def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Application:
@@ -35,10 +37,14 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
                           middlewares=[error_middleware])
     state = GatewayState(config)
     state.queue = RequestQueue(config.max_queue, config.aging_seconds)
-    state.workers = [WorkerHandle(i, config.worker_argv(),
-                                  ready_timeout=config.worker_ready_timeout)
-                     for i in range(config.workers)]
-    state.dispatcher = Dispatcher(state.workers, state.queue, config.affinity_margin)
+    if config.ray_address:
+        _connect_ray(config)
+    if config.pd_split():
+        _create_pd_workers(app, state, config)
+    else:
+        state.workers = [_worker(config, i, config.worker_argv())
+                         for i in range(config.workers)]
+        state.dispatcher = Dispatcher(state.workers, state.queue, config.affinity_margin)
     state.keys = KeyStore.from_toml(config.keys_file) if config.keys_file else None
     state.accounting = Accounting(load_prices(config.prices),
                                   Ledger(config.resolved_ledger_path()),
@@ -56,11 +62,77 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
     return app
 
 
+def _create_pd_workers(app: web.Application, state: GatewayState,
+                       config: GatewayConfig) -> None:
+    """P prefill then D decode workers, joined for KV transfers by a TCPStore served here."""
+    num_prefill, num_decode = config.pd_split()
+    app[KV_METRICS] = {}
+    if config.ray_address:
+        address = _ray_kv_store(app)
+    else:
+        from torch.distributed import TCPStore
+        store = TCPStore("127.0.0.1", config.kv_store_port, is_master=True,
+                         wait_for_workers=False)
+        app[KV_STORE] = store
+        address = f"127.0.0.1:{store.port}"
+    argv = config.worker_argv() + ["--kv-store", address]
+    state.workers = [_worker(config, i, argv, "prefill" if i < num_prefill else "decode")
+                     for i in range(num_prefill + num_decode)]
+    state.dispatcher = Dispatcher(state.workers[:num_prefill], state.queue,
+                                  config.affinity_margin, state.workers[num_prefill:])
+    for w in state.workers:
+        w.on_prefilled = state.dispatcher.handoff
+        w.on_transfer = lambda worker, message: _on_transfer(app, message)
+
+
+def _worker(config: GatewayConfig, index: int, argv: list[str],
+            role: str = "both") -> WorkerHandle:
+    if config.ray_address:
+        gpus = 1 if config.device.startswith("cuda") else 0
+        return RayWorkerHandle(index, argv, config.worker_ready_timeout, role,
+                               num_cpus=config.threads(), num_gpus=gpus)
+    return WorkerHandle(index, argv, ready_timeout=config.worker_ready_timeout, role=role)
+
+
+def _connect_ray(config: GatewayConfig) -> None:
+    """Join the Ray cluster; actors import this repository from the same path on every node."""
+    import os
+
+    import ray
+    if ray.is_initialized():
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}
+    for name in ("INFERSTACK_CACHE_DIR", "TRITON_INTERPRET"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    ray.init(address=config.ray_address, namespace="inferstack", log_to_driver=False,
+             runtime_env={"env_vars": env})
+
+
+def _ray_kv_store(app: web.Application) -> str:
+    """The KV-transfer rendezvous through Ray: a TCPStore hosted by an actor on the cluster."""
+    import ray
+
+    from runtime.ray_worker import KVStoreHost
+    host = ray.remote(KVStoreHost).options(num_cpus=0).remote()
+    app[KV_STORE] = host
+    return ray.get(host.get_address.remote(), timeout=120)
+
+
+def _on_transfer(app: web.Application, message: dict) -> None:
+    """A decode worker finished receiving a request's prompt KV."""
+    metrics = app.get(KV_METRICS)
+    if metrics:
+        metrics["seconds"].observe(message["seconds"])
+        metrics["bytes"].inc(message["bytes"])
+
+
 async def _lifecycle(app: web.Application):
     state = app[STATE]
     for w in state.workers:
         w.on_output = lambda worker, out: _on_output(state, out)
-        w.on_ready = lambda worker: _on_worker_ready(state, worker)
+        w.on_ready = lambda worker: _on_worker_ready(app, state, worker)
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
              asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher"),
              asyncio.create_task(_feed_loop(state), name="feed")]
@@ -122,9 +194,21 @@ def load_prices(spec: str) -> PriceBook:
     return PriceBook.preset(spec) if spec in PRESETS else PriceBook.from_toml(spec)
 
 
-def _on_worker_ready(state: GatewayState, worker: WorkerHandle) -> None:
+def _on_worker_ready(app: web.Application, state: GatewayState,
+                     worker: WorkerHandle) -> None:
     if state.service is None:
         _become_ready(state, worker.info)
+        if state.dispatcher.disaggregated:
+            from prometheus_client import Counter, Histogram
+            r = state.metrics.registry
+            app[KV_METRICS].update(
+                seconds=Histogram("inferstack:kv_transfer_seconds",
+                                  "Prompt KV moved from a prefill to a decode worker, per "
+                                  "request", registry=r,
+                                  buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
+                                           2.5)),
+                bytes=Counter("inferstack:kv_transfer_bytes",
+                              "Prompt KV bytes moved between workers", registry=r))
     state.dispatcher.notify()
 
 

@@ -41,6 +41,27 @@ class GatewayConfig:
     otlp_interval_seconds: float = 10.0
     fake: bool = False  # deterministic fake engine instead of a model (tests, benchmarks)
     fake_step_ms: float = 2.0
+    pd: str | None = None  # "P:D": P prefill and D decode workers (replaces --workers)
+    kv_store_port: int = 0  # the gateway's TCPStore for KV-transfer groups; 0: any free port
+    ray_address: str | None = None  # place workers as Ray actors on this cluster ("auto")
+
+    def pd_split(self) -> tuple[int, int] | None:
+        """(prefill, decode) worker counts when disaggregated, else None."""
+        if not self.pd:
+            return None
+        try:
+            p, d = (int(x) for x in self.pd.split(":"))
+        except ValueError:
+            raise SystemExit(f"--pd takes P:D (such as 1:1), not {self.pd!r}") from None
+        if p < 1 or d < 1:
+            raise SystemExit("--pd needs at least one prefill and one decode worker")
+        if self.fake:
+            raise SystemExit("--pd needs a model: the fake engine has no KV to move")
+        return p, d
+
+    def num_workers(self) -> int:
+        split = self.pd_split()
+        return sum(split) if split else self.workers
 
     def worker_argv(self) -> list[str]:
         argv = ["--device", self.device, "--kv-cache-gb", str(self.kv_cache_gb),
@@ -69,7 +90,7 @@ class GatewayConfig:
     def threads(self) -> int:
         if self.threads_per_worker:
             return self.threads_per_worker
-        return max(1, (os.cpu_count() or 1) // max(1, self.workers))
+        return max(1, (os.cpu_count() or 1) // max(1, self.num_workers()))
 
 
 HELP = {
@@ -103,6 +124,11 @@ HELP = {
     "otlp_interval_seconds": "seconds between OTLP metric pushes",
     "fake": "serve a deterministic fake engine instead of a model",
     "fake_step_ms": "simulated milliseconds per fake engine step",
+    "pd": "prefill/decode disaggregation: P:D starts P prefill and D decode workers that "
+          "move prompt KV over torch.distributed (instead of --workers)",
+    "kv_store_port": "loopback port of the TCPStore for KV-transfer groups (0: any free)",
+    "ray_address": "run workers as Ray actors on this Ray cluster (an address or auto); "
+                   "needs the ray extra",
 }
 
 

@@ -6,11 +6,19 @@ the salt and the prompt's first block, so repeated prefixes meet their cached KV
 that worker is busier than the least loaded by more than `affinity_margin`. When no worker has
 room, a job more urgent than the least urgent request on some worker is sent there anyway:
 the worker's scheduler preempts that request, which resumes later with its output unchanged.
+
+With prefill/decode disaggregation (`decode_workers` given), dispatch has two stages: a job
+goes to a prefill worker (prefix affinity among those with the least prompt tokens in
+flight), which computes the prompt's KV and streams the first token; then `handoff` moves
+each request to the decode worker with the least KV in use and fewest running requests,
+telling both at once to move the KV blocks (runtime/disagg.py).
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import weakref
 from dataclasses import dataclass, field
 
 from gateway.queue import QueueEntry, QueueFull, RequestQueue
@@ -51,11 +59,20 @@ def rendezvous_score(key: bytes, worker_index: int) -> bytes:
 
 class Dispatcher:
     def __init__(self, workers: list[WorkerHandle], queue: RequestQueue,
-                 affinity_margin: float = 0.25):
-        self.workers = workers
+                 affinity_margin: float = 0.25,
+                 decode_workers: list[WorkerHandle] | None = None):
+        self.workers = workers  # with disaggregation: the prefill workers
         self.queue = queue
         self.affinity_margin = affinity_margin
         self._wake = asyncio.Event()
+        self.decode_workers = decode_workers or []
+        self.pd_jobs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.pending_handoffs: list[tuple[WorkerHandle, dict]] = []
+        self._tags = itertools.count(1)
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.decode_workers)
 
     # ---- admission ----------------------------------------------------------------------
     def enqueue(self, job: Job, virtual_start: float | None = None) -> None:
@@ -74,6 +91,11 @@ class Dispatcher:
             if not job.assigned.done():
                 job.assigned.cancel()
             return True
+        if self.disaggregated:
+            for sub_id in job.sub_ids:  # wherever it is now: prefill or decode side
+                for w in self.workers + self.decode_workers:
+                    w.abort(sub_id)
+            return False
         if job.worker is not None:
             for sub_id in job.sub_ids:
                 job.worker.abort(sub_id)
@@ -95,6 +117,10 @@ class Dispatcher:
     def dispatch_ready(self) -> int:
         """Assign as many queued jobs, in order, as the workers can take now."""
         assigned = 0
+        if self.pending_handoffs:
+            pending, self.pending_handoffs = self.pending_handoffs, []
+            for prefill, out in pending:
+                self.handoff(prefill, out)
         while (entry := self.queue.peek()) is not None:
             job: Job = entry.payload
             worker = self.choose(job) or self.choose_by_preemption(job)
@@ -111,7 +137,12 @@ class Dispatcher:
                 params = dict(job.params)
                 if params.get("seed") is not None and job.n > 1:
                     params["seed"] = params["seed"] + i  # n distinct, reproducible samples
-                worker.submit(sub_id, job.prompt, params, job.priority, job.salt, job.stream)
+                extra = None
+                if self.disaggregated:
+                    extra = {"prefill_only": True}
+                    self.pd_jobs[sub_id] = job
+                worker.submit(sub_id, job.prompt, params, job.priority, job.salt, job.stream,
+                              extra)
         except (WorkerDied, ConnectionError) as exc:
             for sub_id in job.sub_ids:
                 worker.release(sub_id)
@@ -123,6 +154,9 @@ class Dispatcher:
             job.assigned.set_result(worker)
 
     # ---- placement ----------------------------------------------------------------------
+    def load_of(self, worker: WorkerHandle) -> float:
+        return worker.prefill_load if self.disaggregated else worker.load
+
     def has_room(self, worker: WorkerHandle, job: Job) -> bool:
         return (worker.alive and worker.free_slots >= job.n
                 and worker.free_blocks >= worker.blocks_for(len(job.prompt)))
@@ -133,10 +167,52 @@ class Dispatcher:
             return None
         key = job.affinity_key()
         preferred = max(candidates, key=lambda w: rendezvous_score(key, w.index))
-        least = min(candidates, key=lambda w: (w.load, w.index))
-        if preferred.load <= least.load + self.affinity_margin:
+        least = min(candidates, key=lambda w: (self.load_of(w), w.index))
+        if self.load_of(preferred) <= self.load_of(least) + self.affinity_margin:
             return preferred
         return least
+
+    # ---- disaggregation: the second stage -------------------------------------------------
+    def choose_decode(self, num_tokens: int) -> WorkerHandle | None:
+        candidates = [w for w in self.decode_workers if w.alive and w.free_slots >= 1
+                      and w.free_blocks >= w.blocks_for(num_tokens)]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda w: (w.kv_usage, w.num_inflight, w.index))
+
+    def handoff(self, prefill: WorkerHandle, out: dict) -> None:
+        """A prefill worker has a request's prompt KV and first token: move the request to a
+        decode worker (or wait for one with room; the prefill worker holds the blocks)."""
+        sub_id = out["id"]
+        job = self.pd_jobs.get(sub_id)
+        stream = prefill.inflight.get(sub_id)
+        if job is None or stream is None or not prefill.alive:
+            return  # cancelled or lost meanwhile; the prefill side has freed it
+        decode = self.choose_decode(len(job.prompt) + 1)
+        if decode is None:  # all full, or restarting: retried on every dispatch round
+            self.pending_handoffs.append((prefill, out))
+            return
+        i = job.sub_ids.index(sub_id)
+        params = dict(job.params)
+        if params.get("seed") is not None and job.n > 1:
+            params["seed"] = params["seed"] + i
+        usage = out.get("usage") or [len(job.prompt), 0, 0]
+        key, tag = f"{prefill.pid}-{decode.pid}", next(self._tags) % (1 << 19)
+        prefill.release(sub_id)
+        self.pd_jobs.pop(sub_id, None)
+        decode.adopt(sub_id, stream, job.priority, len(job.prompt))
+        try:
+            decode.send_message({"type": "import", "id": sub_id, "prompt": job.prompt,
+                                 "output": out["tokens"], "params": params,
+                                 "priority": job.priority, "salt": job.salt,
+                                 "cached": usage[1], "timing": out["prefilled"],
+                                 "key": key, "tag": tag})
+            prefill.send_message({"type": "export", "id": sub_id, "key": key, "tag": tag})
+        except (WorkerDied, ConnectionError) as exc:
+            decode.release(sub_id)
+            stream.put_nowait(WorkerDied(str(exc), sub_id))
+            if prefill.alive:
+                prefill.send_message({"type": "abort", "id": sub_id})
 
     def choose_by_preemption(self, job: Job) -> WorkerHandle | None:
         """A worker running something strictly less urgent than this job, if any."""

@@ -71,6 +71,8 @@ class Telemetry:
                          "prompt_tokens": gen.usage.prompt_tokens})
             self._child("decode", ctx, first, timing.get("finished") or end,
                         {"output_tokens": gen.usage.completion_tokens})
+        if timing.get("kv_transfer"):  # prefill/decode disaggregation moved the prompt's KV
+            self._child("kv_transfer", ctx, *timing["kv_transfer"])
         failed = gen.charge is not None and gen.charge.statuses & {"error", "rejected"}
         root.set_status(Status(StatusCode.ERROR if failed else StatusCode.OK))
         root.end(end_time=_ns(end))

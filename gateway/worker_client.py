@@ -28,8 +28,10 @@ class WorkerDied(Exception):
 
 class WorkerHandle:
     def __init__(self, index: int, argv: list[str], env: dict | None = None,
-                 ready_timeout: float = 300.0):
+                 ready_timeout: float = 300.0, role: str = "both"):
         self.index = index
+        self.role = role  # "both" (colocated), "prefill" or "decode"
+        self.prompt_tokens: dict[str, int] = {}  # prompt length per in-flight request
         self.argv = argv
         self.env = env
         self.ready_timeout = ready_timeout
@@ -46,6 +48,8 @@ class WorkerHandle:
         self._closing = False
         self.on_ready = None  # callback(handle) when a (re)started worker is ready
         self.on_output = None  # callback(handle, output dict) for metering and telemetry
+        self.on_prefilled = None  # callback(handle, output dict): KV ready to move (PD)
+        self.on_transfer = None  # callback(handle, transfer dict): a KV import finished (PD)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -93,17 +97,30 @@ class WorkerHandle:
 
     # ---- requests -----------------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: dict, priority: int,
-               salt: str | None, stream: asyncio.Queue | None = None) -> asyncio.Queue:
-        """Send a request; its outputs arrive on `stream` (several requests may share one)."""
+               salt: str | None, stream: asyncio.Queue | None = None,
+               extra: dict | None = None) -> asyncio.Queue:
+        """Send a request; its outputs arrive on `stream` (several requests may share one).
+        `extra` adds fields to the "add" frame (such as "prefill_only")."""
         if not self.alive:
             raise WorkerDied(f"worker {self.index} is not running")
         stream = stream if stream is not None else asyncio.Queue()
+        self.adopt(request_id, stream, priority, len(prompt))
+        self._send({"type": "add", "id": request_id, "prompt": prompt, "params": params,
+                    "priority": priority, "salt": salt, **(extra or {})})
+        return stream
+
+    def adopt(self, request_id: str, stream: asyncio.Queue, priority: int,
+              num_prompt_tokens: int) -> None:
+        """Count a request as in flight here (its frame is sent by the caller)."""
         self.inflight[request_id] = stream
         self.priorities[request_id] = priority
-        self.pending_blocks += self.blocks_for(len(prompt))
-        self._send({"type": "add", "id": request_id, "prompt": prompt, "params": params,
-                    "priority": priority, "salt": salt})
-        return stream
+        self.prompt_tokens[request_id] = num_prompt_tokens
+        self.pending_blocks += self.blocks_for(num_prompt_tokens)
+
+    def send_message(self, message: dict) -> None:
+        if not self.alive:
+            raise WorkerDied(f"worker {self.index} is not running")
+        self._send(message)
 
     def abort(self, request_id: str) -> None:
         """Ask the worker to drop a request; its final output still arrives (and is billed)."""
@@ -113,6 +130,7 @@ class WorkerHandle:
     def release(self, request_id: str) -> None:
         self.inflight.pop(request_id, None)
         self.priorities.pop(request_id, None)
+        self.prompt_tokens.pop(request_id, None)
 
     # ---- load ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -136,6 +154,17 @@ class WorkerHandle:
     def load(self) -> float:
         """Fraction of the worker's request slots in use (0 idle, 1 full)."""
         return len(self.inflight) / max(1, self.info.get("max_num_seqs", 1))
+
+    @property
+    def prefill_load(self) -> float:
+        """Prompt tokens in flight as a fraction of the KV capacity (prefill workers)."""
+        capacity = self.info.get("num_blocks", 0) * self.info.get("block_size", 16)
+        return sum(self.prompt_tokens.values()) / max(1, capacity)
+
+    @property
+    def kv_usage(self) -> float:
+        total = self.stats.get("kv_blocks_total", self.info.get("num_blocks", 0))
+        return 1.0 - self.free_blocks / max(1, total)
 
     def least_urgent_priority(self) -> int | None:
         return max(self.priorities.values(), default=None)
@@ -171,6 +200,20 @@ class WorkerHandle:
                     stream.put_nowait(out)
                 if out["finished"]:
                     self.release(out["id"])
+                elif out.get("prefilled") is not None and stream is not None \
+                        and self.on_prefilled is not None:
+                    self.on_prefilled(self, out)
+        elif kind == "transfer":
+            if self.on_transfer is not None:
+                self.on_transfer(self, message)
+        elif kind == "import_failed":
+            stream = self.inflight.get(message["id"])
+            if self.on_output is not None:
+                self.on_output(self, _ended(message["id"], "error"))
+            self.release(message["id"])
+            if stream is not None:
+                stream.put_nowait(WorkerDied(f"KV transfer to worker {self.index} failed: "
+                                             f"{message.get('error')}", message["id"]))
         elif kind == "stats":
             self.stats = message["stats"]
             self.pending_blocks = 0
@@ -194,6 +237,7 @@ class WorkerHandle:
             stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}", rid))
         self.inflight.clear()
         self.priorities.clear()
+        self.prompt_tokens.clear()
         self.pending_blocks = 0
 
 
@@ -221,3 +265,94 @@ async def supervise(handle: WorkerHandle, stop: asyncio.Event, max_backoff: floa
                       backoff)
             await asyncio.sleep(backoff)
             backoff = min(max_backoff, backoff * 2)
+
+
+# ---- cluster mode: a worker as a Ray actor ----------------------------------------------
+class _ActorProcess:
+    """Stands in for a worker's process handle (returncode, kill, wait) for a Ray actor."""
+
+    def __init__(self, actor, pid: int | None):
+        self.actor = actor
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = asyncio.Event()
+
+    def ended(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        self._ended.set()
+
+    def kill(self) -> None:
+        import ray
+        ray.kill(self.actor, no_restart=True)
+        self.ended(-9)
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        return self.returncode
+
+
+class RayWorkerHandle(WorkerHandle):
+    """A worker placed by Ray as an actor (runtime/ray_worker.py) on any node of the cluster,
+    with the same frames as a process; a failed actor is replaced by a fresh one through Ray
+    (the supervisor calls `start` again)."""
+
+    def __init__(self, index: int, argv: list[str], ready_timeout: float = 300.0,
+                 role: str = "both", num_cpus: float = 1, num_gpus: float = 0):
+        super().__init__(index, argv, ready_timeout=ready_timeout, role=role)
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+        self.node_ip: str | None = None
+
+    async def start(self) -> None:
+        import ray
+
+        from runtime.ray_worker import RayWorker
+        self.ready.clear()
+        actor_class = ray.remote(concurrency_groups={"push": 1, "pull": 1})(RayWorker)
+        actor = actor_class.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                    max_restarts=0).remote(self.argv)
+        self.proc = _ActorProcess(actor, None)
+        try:
+            message = await asyncio.wait_for(actor.ready.remote(), self.ready_timeout)
+            self.node_ip = await actor.node_ip.remote()
+        except BaseException:
+            self.proc.kill()
+            raise
+        self.proc.pid = message.get("pid")
+        self.info = message
+        self.started_at = time.monotonic()
+        self._reader = asyncio.create_task(self._pull_loop(), name=f"worker-{self.index}-pull")
+        self.ready.set()
+        if self.on_ready is not None:
+            self.on_ready(self)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        self._closing = True
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        try:
+            self._send({"type": "shutdown"})
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except (asyncio.TimeoutError, ConnectionError):
+            self.proc.kill()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    def _send(self, message: dict) -> None:
+        self.proc.actor.push.remote(message)
+
+    async def _pull_loop(self) -> None:
+        import ray
+        actor = self.proc.actor
+        try:
+            while True:
+                for message in await actor.pull.remote(0.5):
+                    self._handle(message)
+        except ray.exceptions.RayError as exc:
+            if not self._closing:
+                log.error("worker %d (Ray actor) failed: %s", self.index, exc)
+        except Exception:  # noqa: BLE001 - a bad frame is as good as a dead worker
+            log.exception("worker %d sent a bad frame", self.index)
+            self.proc.kill()
+        self.proc.ended(self.proc.returncode if self.proc.returncode is not None else 1)
+        self._on_death()

@@ -86,9 +86,10 @@ class KVTransport:
                 pg = self.group(key, 0)
                 header = torch.tensor([len(blocks)], dtype=torch.int64)
                 pg.send([header], 1, tag * TAG_STRIDE).wait(GROUP_TIMEOUT)
-                for i, block in enumerate(blocks):
-                    pg.send([block.contiguous()], 1, tag * TAG_STRIDE + 1 + i) \
-                        .wait(GROUP_TIMEOUT)
+                works = [pg.send([block.contiguous()], 1, tag * TAG_STRIDE + 1 + i)
+                         for i, block in enumerate(blocks)]  # all posted: a pipeline
+                for work in works:
+                    work.wait(GROUP_TIMEOUT)
                 self.post({"type": "_kv_sent", "id": request_id})
             except Exception as exc:  # noqa: BLE001 - the peer died; the group is broken
                 log.error("sending KV of %s failed: %s", request_id, exc)
@@ -105,9 +106,11 @@ class KVTransport:
                 if int(header[0]) != num_blocks:  # the sender had dropped the request
                     raise RuntimeError(f"the prefill worker sent {int(header[0])} blocks, "
                                        f"not {num_blocks}")
-                for i in range(num_blocks):
-                    buf = torch.empty(shape, dtype=dtype)
-                    pg.recv([buf], 0, tag * TAG_STRIDE + 1 + i).wait(GROUP_TIMEOUT)
+                bufs = [torch.empty(shape, dtype=dtype) for _ in range(num_blocks)]
+                works = [pg.recv([buf], 0, tag * TAG_STRIDE + 1 + i)
+                         for i, buf in enumerate(bufs)]
+                for i, (buf, work) in enumerate(zip(bufs, works)):
+                    work.wait(GROUP_TIMEOUT)  # block by block, written as each arrives
                     nbytes += buf.numel() * buf.element_size()
                     self.post({"type": "_kv_block", "id": request_id, "index": i, "kv": buf})
                 self.post({"type": "_kv_done", "id": request_id, "blocks": num_blocks,
