@@ -67,9 +67,13 @@ class WorkerHandle:
         if message is None or message.get("type") != "ready":
             await self.proc.wait()
             raise RuntimeError(f"worker {self.index} did not start (exit {self.proc.returncode})")
+        self._mark_ready(message, self._read_loop())
+
+    def _mark_ready(self, message: dict, reader, name: str = "reader") -> None:
+        """The worker said ready: keep its facts, start reading its outputs, tell the app."""
         self.info = message
         self.started_at = time.monotonic()
-        self._reader = asyncio.create_task(self._read_loop(), name=f"worker-{self.index}-reader")
+        self._reader = asyncio.create_task(reader, name=f"worker-{self.index}-{name}")
         self.ready.set()
         if self.on_ready is not None:
             self.on_ready(self)
@@ -319,24 +323,7 @@ class RayWorkerHandle(WorkerHandle):
             self.proc.kill()
             raise
         self.proc.pid = message.get("pid")
-        self.info = message
-        self.started_at = time.monotonic()
-        self._reader = asyncio.create_task(self._pull_loop(), name=f"worker-{self.index}-pull")
-        self.ready.set()
-        if self.on_ready is not None:
-            self.on_ready(self)
-
-    async def close(self, timeout: float = 10.0) -> None:
-        self._closing = True
-        if self.proc is None or self.proc.returncode is not None:
-            return
-        try:
-            self._send({"type": "shutdown"})
-            await asyncio.wait_for(self.proc.wait(), timeout)
-        except (asyncio.TimeoutError, ConnectionError):
-            self.proc.kill()
-        if self._reader is not None:
-            await asyncio.gather(self._reader, return_exceptions=True)
+        self._mark_ready(message, self._pull_loop(), "pull")
 
     def _send(self, message: dict) -> None:
         self.proc.actor.push.remote(message)
