@@ -148,8 +148,8 @@ class ModelRunner:
         if out.is_empty:
             return result
         spec = {s.request.request_id: s.num_spec for s in out.scheduled if s.num_spec}
-        if self.drafter is not None and (spec or self.drafter.catch_up):
-            self.drafter.propose(out)
+        if self.drafter is not None and spec:  # a draft model catches up lazily, from
+            self.drafter.propose(out)          # each request's `draft_written` position
         input_ids, meta, last_index = self.prepare(out)
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
         plain = [r for r in sampling if r.request_id not in spec]

@@ -48,7 +48,8 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose(self, out: SchedulerOutput) -> None:
         """Fill `spec_token_ids` of every speculating request with `num_spec` greedy drafts.
-        Called every step: a draft model's cache must keep pace even when nobody speculates."""
+        Called only in steps that speculate: a draft model first catches up on every position
+        its cache lacks (since its last use), so steps without speculation cost it nothing."""
         spec = [s for s in out.scheduled if s.num_spec]
         for s in spec:
             s.request.spec_token_ids = []
