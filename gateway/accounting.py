@@ -154,8 +154,3 @@ async def wait_committed(gen, timeout: float = 30.0) -> None:
 
 def _status(reason: str | None) -> str:
     return {"abort": "cancelled", "error": "error", "rejected": "rejected"}.get(reason, "ok")
-
-
-def ensure(condition: bool, error: APIError) -> None:
-    if not condition:
-        raise error

@@ -37,7 +37,7 @@ def check_deadline(state, body, priority: int) -> None:
         return
     if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
         raise bad_request("ttft_deadline_ms must be a positive number", param="ttft_deadline_ms")
-    ahead = sum(1 for _, _, e in state.queue._heap if e.queued and e.priority <= priority)
+    ahead = sum(1 for e in state.queue.waiting() if e.priority <= priority)
     if ahead == 0:
         return
     rate = state.queue.drain_rate()

@@ -90,6 +90,10 @@ class RequestQueue:
     def __contains__(self, entry: QueueEntry) -> bool:
         return entry.queued
 
+    def waiting(self) -> list[QueueEntry]:
+        """Entries still in line, in no particular order."""
+        return [e for _, _, e in self._heap if e.queued]
+
     def position(self, entry: QueueEntry) -> int:
         """0-based place in line (how many entries will leave before it)."""
         return sum(1 for _, _, e in self._heap if e.queued and e.key < entry.key)

@@ -78,9 +78,8 @@ class SnapshotBuilder:
 
     def _queue(self) -> dict:
         by_priority: dict[str, int] = {}
-        for _, _, entry in self.state.queue._heap:
-            if entry.queued:
-                by_priority[str(entry.priority)] = by_priority.get(str(entry.priority), 0) + 1
+        for entry in self.state.queue.waiting():
+            by_priority[str(entry.priority)] = by_priority.get(str(entry.priority), 0) + 1
         return {"length": len(self.state.queue), "by_priority": by_priority}
 
     def _cache(self) -> dict:

@@ -5,7 +5,7 @@ import sqlite3
 import aiohttp
 import pytest
 
-from gateway.keys import hash_key
+from tests.gateway.keyfile import write_key_file
 from tests.gateway.server import GatewayProcess
 
 TENANTS = {
@@ -20,17 +20,7 @@ KEYS = [("sk-alpha", "alpha", False, False), ("sk-beta", "beta", False, False),
 
 
 def key_file(path):
-    lines = []
-    for name, settings in TENANTS.items():
-        lines.append(f"[tenants.{name}]")
-        lines += [f"{k} = {v}" for k, v in settings.items()]
-        lines.append("")
-    for secret, tenant, admin, revoked in KEYS:
-        lines += ["[[keys]]", f'sha256 = "{hash_key(secret)}"', f'tenant = "{tenant}"',
-                  f'name = "{secret}"', f"admin = {str(admin).lower()}",
-                  f"revoked = {str(revoked).lower()}", ""]
-    path.write_text("\n".join(lines))
-    return str(path)
+    return write_key_file(path, TENANTS, KEYS)
 
 
 @pytest.fixture(scope="module")

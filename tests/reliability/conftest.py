@@ -18,7 +18,7 @@ import time
 import aiohttp
 import pytest
 
-from gateway.keys import hash_key
+from tests.gateway.keyfile import write_key_file
 from gateway.pricing import PriceBook
 from tests.gateway.server import GatewayProcess
 
@@ -35,18 +35,8 @@ KEYS = [("sk-alpha", "alpha", False, False), ("sk-beta", "beta", False, False),
 STATUSES = {"ok", "cancelled", "error", "rejected"}
 
 
-def write_keys(path) -> str:
-    lines = []
-    for name, settings in TENANTS.items():
-        lines.append(f"[tenants.{name}]")
-        lines += [f"{k} = {v}" for k, v in settings.items()]
-        lines.append("")
-    for secret, tenant, admin, revoked in KEYS:
-        lines += ["[[keys]]", f'sha256 = "{hash_key(secret)}"', f'tenant = "{tenant}"',
-                  f'name = "{secret}"', f"admin = {str(admin).lower()}",
-                  f"revoked = {str(revoked).lower()}", ""]
-    path.write_text("\n".join(lines))
-    return str(path)
+def write_keys(path):
+    return write_key_file(path, TENANTS, KEYS)
 
 
 def auth(key: str | None) -> dict:

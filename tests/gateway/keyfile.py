@@ -1,0 +1,19 @@
+"""Writes a gateway key file (README format) for tests: tenants, then keys by secret."""
+from __future__ import annotations
+
+from gateway.keys import hash_key
+
+
+def write_key_file(path, tenants: dict, keys: list[tuple[str, str, bool, bool]]) -> str:
+    """`tenants`: name -> settings; `keys`: (secret, tenant, admin, revoked)."""
+    lines = []
+    for name, settings in tenants.items():
+        lines.append(f"[tenants.{name}]")
+        lines += [f"{k} = {v}" for k, v in settings.items()]
+        lines.append("")
+    for secret, tenant, admin, revoked in keys:
+        lines += ["[[keys]]", f'sha256 = "{hash_key(secret)}"', f'tenant = "{tenant}"',
+                  f'name = "{secret}"', f"admin = {str(admin).lower()}",
+                  f"revoked = {str(revoked).lower()}", ""]
+    path.write_text("\n".join(lines))
+    return str(path)
