@@ -17,6 +17,7 @@ from aiohttp import web
 
 from gateway.app import create_app
 from gateway.config import load_config
+from gateway.http_protocol import GatewayRunner
 from gateway.state import STATE
 
 log = logging.getLogger("gateway")
@@ -47,8 +48,9 @@ async def serve(config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown, sig)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=1.0)
+    runner = GatewayRunner(app, header_timeout=config.header_timeout_seconds,
+                           keepalive_timeout=config.idle_timeout_seconds,
+                           handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -8,7 +8,7 @@ from gateway.errors import bad_request, not_found, rate_limited
 SHARED_CACHE_SALT = "shared-namespace"  # the opt-in public prefix-cache namespace
 
 
-def admit(state, key, req, body, trace_headers: dict | None = None):
+async def admit(state, key, req, body, trace_headers: dict | None = None):
     """Tenant checks, tokenization and admission: everything before the queue."""
     tenant = key.tenant
     if not tenant.allows_model(req.model):
@@ -21,7 +21,7 @@ def admit(state, key, req, body, trace_headers: dict | None = None):
         salt = SHARED_CACHE_SALT
     priority = max(req.priority, tenant.priority)  # never more urgent than the tenant's class
     service = state.service
-    gen = service.prepare(req, salt=salt, priority=priority)
+    gen = await service.prepare(req, salt=salt, priority=priority)
     gen.model_name = state.model_name
     gen.trace_headers = trace_headers
     check_deadline(state, body, priority)

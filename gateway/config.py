@@ -30,6 +30,8 @@ class GatewayConfig:
     default_max_tokens: int | None = None  # None: the rest of the context
     keepalive_seconds: float = 10.0  # SSE comment while a stream is quiet
     body_timeout_seconds: float = 30.0  # a client must send its whole body within this (408)
+    header_timeout_seconds: float = 20.0  # ... and each request head (line + headers) (408)
+    idle_timeout_seconds: float = 75.0  # a connection with no request in flight closes after this
     drain_timeout_seconds: float = 30.0  # on SIGTERM: in-flight requests may finish within this
     worker_ready_timeout: float = 600.0
     keys_file: str | None = None  # API keys and tenants (TOML); None: loopback, one tenant
@@ -112,6 +114,9 @@ HELP = {
     "default_max_tokens": "output budget when a request gives none (default: rest of context)",
     "keepalive_seconds": "SSE keep-alive comment interval on a quiet stream",
     "body_timeout_seconds": "seconds a client may take to send its request body (408 after)",
+    "header_timeout_seconds": "seconds a client may take to send a request's line and headers "
+                              "(408 after; 0: no limit)",
+    "idle_timeout_seconds": "seconds an HTTP connection may stay open with no request in flight",
     "drain_timeout_seconds": "on SIGTERM, seconds in-flight requests may take to finish "
                              "(a second SIGTERM aborts at once)",
     "worker_ready_timeout": "seconds a worker may take to load its model",

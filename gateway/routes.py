@@ -47,7 +47,7 @@ async def generate(request: web.Request, kind: str):
     state.request_started()  # a drain waits for this handler
     try:
         body = await read_json(request, state.config.body_timeout_seconds)
-        gen = admit(state, key, parse_request(kind, body), body, trace_context(request))
+        gen = await admit(state, key, parse_request(kind, body), body, trace_context(request))
         if gen.request.stream:
             return await stream_sse(request, state, gen)
         return await respond_json(state, gen)

@@ -6,6 +6,7 @@ early (the client went away) cancels the job wherever it is: queue entry or work
 """
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -61,6 +62,11 @@ class Generation:
         return max(0.0, end - self.enqueued_at)
 
 
+# texts longer than this are tokenized off the event loop: a thread hop costs about 50 us,
+# tokenizing 8 kB about 5 ms
+THREAD_TOKENIZE_BYTES = 8192
+
+
 class GenerationService:
     def __init__(self, tokenizer, dispatcher: Dispatcher, max_model_len: int, vocab_size: int,
                  default_max_tokens: int | None = None, accounting=None):
@@ -78,9 +84,9 @@ class GenerationService:
         self.max_token_bytes = _max_token_bytes(tokenizer)
 
     # ---- before the queue ---------------------------------------------------------------
-    def prepare(self, request: GenerationRequest, salt: str | None = None,
-                request_id: str | None = None, priority: int | None = None) -> Generation:
-        prompt_text, prompt = self._tokenize(request)
+    async def prepare(self, request: GenerationRequest, salt: str | None = None,
+                      request_id: str | None = None, priority: int | None = None) -> Generation:
+        prompt_text, prompt = await self._tokenize(request)
         n = len(prompt)
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
@@ -102,13 +108,13 @@ class GenerationService:
                   request.priority if priority is None else priority, salt)
         return Generation(request, job, prompt_text)
 
-    def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
+    async def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
         if request.kind == "chat":
             self._check_no_special_tokens(request.messages)
             text = self.tokenizer.apply_chat_template(list(request.messages))
-            return text, self._encode(text, "messages")
+            return text, await self._encode(text, "messages")
         if isinstance(request.prompt, str):
-            return request.prompt, self._encode(request.prompt, "prompt")
+            return request.prompt, await self._encode(request.prompt, "prompt")
         ids = list(request.prompt)
         for i, t in enumerate(ids):
             if not 0 <= t < self.vocab_size:
@@ -116,15 +122,18 @@ class GenerationService:
                                   f"[0, {self.vocab_size})", param="prompt")
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
-    def _encode(self, text: str, param: str) -> list[int]:
-        """Tokenize, refusing first (cheaply) a text too long to fit whatever its tokens:
-        tokenizing holds the event loop, so its cost must stay bounded by the context."""
+    async def _encode(self, text: str, param: str) -> list[int]:
+        """Tokenize, refusing first (cheaply) a text too long to fit whatever its tokens, so
+        the cost stays bounded by the context. A long text is tokenized in a thread without
+        the GIL (about 0.6 ms per kB on one core): every other stream goes on meanwhile."""
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > self.max_model_len * self.max_token_bytes:
             raise bad_request(f"the prompt is {size} bytes: more than this model's context of "
                               f"{self.max_model_len} tokens can hold", param=param,
                               code="context_length_exceeded")
-        return self.tokenizer.encode(text)
+        if size <= THREAD_TOKENIZE_BYTES:
+            return self.tokenizer.encode(text)
+        return await asyncio.to_thread(self.tokenizer.encode_without_gil, text)
 
     def _check_no_special_tokens(self, messages) -> None:
         for i, message in enumerate(messages):

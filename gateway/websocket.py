@@ -97,7 +97,7 @@ class Connection:
             body = {**body, "stream": True}
         req = parse_request("chat" if endpoint == "chat" else "completion", body)
         service = self.state.require_service()  # 503 until a worker is ready
-        gen = admit(self.state, self.key, req, body)
+        gen = await admit(self.state, self.key, req, body)
         watcher = asyncio.create_task(self._report_position(rid, gen))
         chunker = StreamChunker(req.kind, gen.job.request_id, self.state.model_name,
                                 gen.created, include_usage=False)

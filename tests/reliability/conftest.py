@@ -152,10 +152,11 @@ def assert_ledger_whole(rows: list[dict]) -> None:
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    """The shared gateway: 8 request slots, a 1 MiB body limit, a 2 s body timeout."""
+    """The shared gateway: 8 request slots, a 1 MiB body limit, 2 s body and head timeouts."""
     server = Gateway(tmp_path_factory.mktemp("gw"), "--fake-step-ms", "5",
                      "--max-num-seqs", "8", "--max-queue", "1024", "--max-body-bytes",
-                     str(1 << 20), "--body-timeout-seconds", "2")
+                     str(1 << 20), "--body-timeout-seconds", "2",
+                     "--header-timeout-seconds", "2")
     yield server
     server.stop()
 

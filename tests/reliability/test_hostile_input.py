@@ -120,7 +120,8 @@ def assert_openai_error(status: int, raw: bytes, param=None) -> dict:
     assert set(err) == {"message", "type", "param", "code"}, body
     want = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
             404: "not_found_error", 405: "invalid_request_error", 408: "invalid_request_error",
-            413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
+            413: "invalid_request_error", 414: "invalid_request_error",
+            431: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
     assert err["type"] == want[status], body
     assert isinstance(err["message"], str) and err["message"]
     if param is not None:
@@ -165,36 +166,46 @@ def _raw_http(port: int, data: bytes, timeout: float = 5.0) -> bytes:
     return out
 
 
-@pytest.mark.parametrize("name,headers", [
-    ("500-headers", b"".join(b"X-Flood-%d: v\r\n" % i for i in range(500))),
-    ("20kb-header-line", b"X-Big: " + b"a" * 20_000 + b"\r\n"),
-    ("20kb-url", None),
+@pytest.mark.parametrize("name,headers,status,code", [
+    ("500-headers", b"".join(b"X-Flood-%d: v\r\n" % i for i in range(500)), 431,
+     "too_many_headers"),
+    ("20kb-header-line", b"X-Big: " + b"a" * 20_000 + b"\r\n", 431, "header_too_large"),
+    ("20kb-url", None, 414, "uri_too_long"),
+    ("not-http", b"GARBAGE", 400, "bad_http_request"),
 ])
-def test_header_flood_is_refused_before_the_app(gw, name, headers):
-    """aiohttp's parser refuses these before any handler runs (400, its plain-text body)."""
+def test_header_flood_is_refused_with_an_openai_error(gw, name, headers, status, code):
+    """The HTTP parser refuses these before any handler runs; the connection layer
+    (gateway/http_protocol.py) still answers with the OpenAI error body and the status that
+    names the problem."""
     if headers is None:
         request = b"GET /health?" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    elif headers == b"GARBAGE":
+        request = b"GARBAGE /health HTTP/1.1\r\nHost: x\r\n\r\n"
     else:
         request = b"GET /health HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
     cpu = gw.cpu_seconds()
     reply = _raw_http(gw.port, request)
-    assert reply.split(b"\r\n", 1)[0].split()[1] in (b"400", b"431"), reply[:200]
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n", 1)[0].split()[1] == str(status).encode(), reply[:200]
+    assert json.loads(body)["error"]["code"] == code
+    assert_openai_error(status, body)
     assert gw.cpu_seconds() - cpu < CPU_LIMIT_S
 
 
 def test_slow_loris_clients_cost_nothing_and_block_nobody(gw):
-    """Twenty connections trickle their headers; a normal client is served meanwhile, and a
-    client that trickles its body is cut with 408 at the body timeout (2 s here)."""
+    """Twenty connections trickle their headers: a normal client is served meanwhile, and
+    each trickler is cut with 408 `header_timeout` at the header timeout (2 s here); a client
+    that trickles its body is cut with 408 `body_timeout` at the body timeout (2 s here)."""
     async def main():
         conns = []
-        for _ in range(20):
-            _, w = await asyncio.open_connection("127.0.0.1", gw.port)
-            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
-            conns.append(w)
-        cpu = gw.cpu_seconds()
         t0 = time.monotonic()
+        for _ in range(20):
+            r, w = await asyncio.open_connection("127.0.0.1", gw.port)
+            w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            conns.append((r, w))
+        cpu = gw.cpu_seconds()
         for i in range(10):  # one header byte per connection every 0.1 s
-            for w in conns:
+            for _, w in conns:
                 w.write(b"X")
                 await w.drain()
             await asyncio.sleep(0.1)
@@ -204,14 +215,21 @@ def test_slow_loris_clients_cost_nothing_and_block_nobody(gw):
         w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-alpha\r\n"
                 b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\":")
         await w.drain()
-        head = await asyncio.wait_for(r.read(4096), 10)
-        for c in conns + [w]:
+        body_cut = await asyncio.wait_for(r.read(4096), 10)
+        head_cuts = [await asyncio.wait_for(cr.read(), 10) for cr, _ in conns]
+        head_cut_after = time.monotonic() - t0
+        for _, c in conns + [(r, w)]:
             c.close()
-        return served, head, gw.cpu_seconds() - cpu, time.monotonic() - t0
-    served, head, cpu, _ = asyncio.run(main())
+        return served, body_cut, head_cuts, head_cut_after, gw.cpu_seconds() - cpu
+    served, body_cut, head_cuts, head_cut_after, cpu = asyncio.run(main())
     assert served[0] == 200
-    assert head.startswith(b"HTTP/1.1 408"), head[:200]
-    assert_openai_error(408, head.split(b"\r\n\r\n", 1)[1])
+    assert body_cut.startswith(b"HTTP/1.1 408"), body_cut[:200]
+    assert_openai_error(408, body_cut.split(b"\r\n\r\n", 1)[1])
+    for cut in head_cuts:  # every trickler got the 408 and its connection was closed
+        assert cut.startswith(b"HTTP/1.1 408"), cut[:200]
+        err = assert_openai_error(408, cut.split(b"\r\n\r\n", 1)[1])
+        assert err["code"] == "header_timeout"
+    assert 2.0 <= head_cut_after < 8.0
     assert cpu < CPU_LIMIT_S
 
 

@@ -133,3 +133,12 @@ def test_smol_matches_transformers(smol):
         messages, tokenize=False, add_generation_prompt=True)
     ids = smol.encode(TEXTS[7] + TEXTS[8])
     assert smol.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.model
+def test_encode_without_gil_is_encode(smol):
+    """The gateway tokenizes long texts through the batch entry point in a thread; it must
+    give exactly the ids of `encode`, special tokens included."""
+    long_text = " ".join(TEXTS) * 200
+    for text in TEXTS + [long_text]:
+        assert smol.encode_without_gil(text) == smol.encode(text), text[:40]
