@@ -67,6 +67,7 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
     started: set[int] = set()
     last = time.monotonic()
     opening = asyncio.Lock()
+    itl = state.metrics.itl.labels(state.model_name) if state.metrics is not None else None
 
     async def ensure_open() -> SSEStream:
         nonlocal sse
@@ -94,21 +95,18 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
                 events.append(chunker.delta(delta.index, delta.text, delta.logprobs))
             if delta.finish_reason is not None:
                 events.append(chunker.finish(delta.index, delta.finish_reason))
-            for event in events:
-                if not await out.send(event):
-                    return out.response  # client gone: leaving the loop aborts the job
+            if events and not await out.send_all(events):
+                return out.response  # client gone: leaving the loop aborts the job
             now = time.monotonic()
-            if delta.token_ids and state.metrics is not None:
+            if delta.token_ids and itl is not None:
                 gap = (now - last) / len(delta.token_ids)
                 for _ in delta.token_ids:
-                    state.metrics.itl.labels(state.model_name).observe(gap)
+                    itl.observe(gap)
             last = now
         await pinger.stop()
         await wait_committed(gen)  # the bill is durable before the client sees it final
         out = await ensure_open()
-        for event in chunker.usage(usage_of(gen)):
-            await out.send(event)
-        await out.send_done()
+        await out.send_all(chunker.usage(usage_of(gen)), done=True)
         _observe(state, gen)
         return out.response
     except APIError as exc:

@@ -72,6 +72,7 @@ class GatewayRequestHandler(RequestHandler):
         self._header_timeout = header_timeout
         self._header_deadline: asyncio.TimerHandle | None = None
         self._reading_head = False
+        self._head_started = 0.0
         self._request_line_bytes = 0  # of the head being read: up to its first newline
         self._request_line_ended = False
 
@@ -79,22 +80,23 @@ class GatewayRequestHandler(RequestHandler):
         # the clock starts with the first byte of a request head and stops when the whole
         # head is parsed; bytes of a body in flight fall under the body timeout instead
         if not self._reading_head and not self._request_in_progress and not self._messages:
-            self._start_head()
+            self._reading_head = True
+            self._head_started = self._loop.time()
+            self._request_line_bytes, self._request_line_ended = 0, False
         if self._reading_head and not self._request_line_ended:
             end = data.find(b"\n")
             self._request_line_ended = end >= 0
             self._request_line_bytes += end if end >= 0 else len(data)
         super().data_received(data)
-        if self._reading_head and (self._messages or self._request_in_progress):
+        if not self._reading_head:
+            return
+        if self._messages or self._request_in_progress:
             self._reading_head = False
             self._stop_header_deadline()
-
-    def _start_head(self) -> None:
-        self._reading_head = True
-        self._request_line_bytes, self._request_line_ended = 0, False
-        if self._header_timeout > 0:
-            self._header_deadline = self._loop.call_later(self._header_timeout,
-                                                          self._head_timed_out)
+        elif self._header_deadline is None and self._header_timeout > 0:
+            # only a head split over packets needs a timer: most arrive whole
+            self._header_deadline = self._loop.call_at(
+                self._head_started + self._header_timeout, self._head_timed_out)
 
     def _head_timed_out(self) -> None:
         self._header_deadline = None

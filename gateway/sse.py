@@ -55,6 +55,11 @@ class SSEStream:
         """Send one JSON event; False when the client is gone."""
         return await self.send_bytes(encode_event(obj))
 
+    async def send_all(self, objs, done: bool = False) -> bool:
+        """Send several JSON events in one write (a delta's role, text and finish chunks),
+        then [DONE] if `done`."""
+        return await self.send_bytes(b"".join(map(encode_event, objs)) + (DONE if done else b""))
+
     async def send_done(self) -> bool:
         return await self.send_bytes(DONE)
 

@@ -121,20 +121,19 @@ class ModelRunner:
                 pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
             offset += n
             last_index[r.request_id] = offset - 1
-        decode_slots = decode_valid = None
+        tables = lens = None
         if decodes:
-            tables = [s.request.block_ids for s in decodes]
-            width = max(len(t) for t in tables)
-            bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-            lens = torch.tensor([s.start_position + 1 for s in decodes], dtype=torch.long)
-            decode_slots, decode_valid = kernels.context_slots(bt, lens, self.block_size)
-            decode_slots = decode_slots.to(self.device)
-            decode_valid = decode_valid.to(self.device)
+            rows = [s.request.block_ids for s in decodes]
+            width = max(len(t) for t in rows)
+            tables = torch.tensor([t + [0] * (width - len(t)) for t in rows],
+                                  dtype=torch.long).to(self.device)
+            lens = torch.tensor([s.start_position + 1 for s in decodes],
+                                dtype=torch.long).to(self.device)
         pos = torch.cat(positions).to(self.device)
         cos, sin = kernels.rotary_cos_sin(pos, model_cfg.head_dim, model_cfg.rope_theta,
                                           self.dtype)
         meta = AttentionMetadata(torch.cat(slot_chunks).to(self.device), cos, sin, len(decodes),
-                                 decode_slots, decode_valid, pre_meta)
+                                 tables, lens, self.block_size, pre_meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, meta, last_index
 
