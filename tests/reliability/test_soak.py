@@ -77,9 +77,13 @@ def test_mini_soak(tmp_path):
     run_soak(tmp_path, 10 / 60, strict=False)
 
 
+SOAK_MINUTES = float(os.environ.get("RELIABILITY_SOAK_MINUTES", "3"))
+
+
 @pytest.mark.soak
+@pytest.mark.timeout(SOAK_MINUTES * 60 + 300)  # the suite's 600 s limit would cut a long soak
 def test_soak(tmp_path):
-    run_soak(tmp_path, float(os.environ.get("RELIABILITY_SOAK_MINUTES", "3")), strict=True)
+    run_soak(tmp_path, SOAK_MINUTES, strict=True)
 
 
 def run_soak(tmp_path, minutes: float, strict: bool) -> None:
@@ -97,6 +101,9 @@ def run_soak(tmp_path, minutes: float, strict: bool) -> None:
                 start = time.monotonic()
                 while time.monotonic() - start < minutes * 60:
                     rss.append((time.monotonic() - start, gw.rss_bytes()))
+                    if strict and len(rss) % 12 == 0:  # progress of a long soak, each minute
+                        print(f"soak: {rss[-1][0] / 60:.0f} min, {len(records)} requests, "
+                              f"RSS {rss[-1][1] / 2**20:.1f} MiB", flush=True)
                     await asyncio.sleep(min(5.0, minutes * 60 / 20))
                 stop.set()
                 await asyncio.wait(tasks, timeout=60)
