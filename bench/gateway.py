@@ -3,12 +3,19 @@ SSE server that streams the same chunks at the same cadence, side by side in one
 
     python bench/gateway.py                       # 64, 256 and 1,024 concurrent streams
     python bench/gateway.py --quick               # 64 and 256 streams, fewer tokens
+    python bench/gateway.py --steady 10           # steady load instead of one burst
 
 Both servers run in their own processes; the client (this process, uvloop + aiohttp) runs in a
 third. The fake engine sleeps --step-ms per step and then emits one token to every running
 request; the bare server has one asyncio task doing the same (snapshot the open streams, sleep
 --step-ms, emit the next token to each as the same OpenAI completion chunk), so what differs is
 only the gateway's machinery: queue, dispatch, worker process, frames, detokenization, SSE.
+
+By default each level is one burst: every stream is sent at the same moment, the worst case
+for time to first token (the last request of the burst waits for every one before it to be
+parsed, authenticated, tokenized and queued). `--steady` measures what a serving system sees
+in steady state: the same number of concurrent streams, started at random moments and each
+replaced as it ends.
 
 Per stream the client records time to first token (request sent on an already open connection
 to the first content event), every inter-token gap, and the token count. Reported per system:
@@ -232,7 +239,11 @@ async def _prewarm(session, url: str, n: int) -> None:
     await asyncio.gather(*(get() for _ in range(n)))
 
 
-async def _run_load(url: str, concurrency: int, tokens: int, prewarm: bool) -> dict:
+async def _run_load(url: str, concurrency: int, tokens: int, prewarm: bool,
+                    steady: tuple[float, float] | None = None) -> dict:
+    """All streams at once (a burst), or with `steady` = (ramp s, window s): each of the
+    `concurrency` clients starts at a random moment of the ramp and then runs one stream
+    after another; only streams started inside the window after the ramp count."""
     import aiohttp
     connector = aiohttp.TCPConnector(limit=0, force_close=False, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
@@ -241,19 +252,40 @@ async def _run_load(url: str, concurrency: int, tokens: int, prewarm: bool) -> d
         if prewarm:
             await _prewarm(session, url, concurrency)
         cpu0, t0 = time.process_time(), time.perf_counter()
-        results = await asyncio.gather(*(_one_stream(session, url, tokens, stats)
-                                         for _ in range(concurrency)))
+        if steady is None:
+            results = await asyncio.gather(*(_one_stream(session, url, tokens, stats)
+                                             for _ in range(concurrency)))
+        else:
+            results = await _steady(session, url, concurrency, tokens, stats, t0, *steady)
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
+        if steady is not None:
+            wall -= steady[0]  # tokens/s over the window: only streams started in it count
     return {"results": results, "wall": wall, "client_cpu": cpu, "errors": stats["errors"]}
 
 
-def measure(server: ServerProcess, concurrency: int, tokens: int, prewarm: bool) -> dict:
+async def _steady(session, url: str, concurrency: int, tokens: int, stats: dict, t0: float,
+                  ramp: float, window: float) -> list[dict]:
+    import random
+    rng = random.Random(0)
+
+    async def client(delay: float) -> list[dict]:
+        await asyncio.sleep(delay)
+        done = []
+        while time.perf_counter() - t0 < ramp + window:
+            done.append(await _one_stream(session, url, tokens, stats))
+        return done
+    runs = await asyncio.gather(*(client(rng.uniform(0, ramp)) for _ in range(concurrency)))
+    return [r for run in runs for r in run if r["t0"] - t0 >= ramp]
+
+
+def measure(server: ServerProcess, concurrency: int, tokens: int, prewarm: bool,
+            steady: tuple[float, float] | None = None) -> dict:
     import uvloop
 
     from bench.common import percentile
     srv_cpu0 = server.cpu_seconds()
-    run = uvloop.run(_run_load(server.url, concurrency, tokens, prewarm))
+    run = uvloop.run(_run_load(server.url, concurrency, tokens, prewarm, steady))
     srv_cpu = server.cpu_seconds() - srv_cpu0
     ttft, itl, total, short = [], [], 0, 0
     texts = set()
@@ -270,7 +302,7 @@ def measure(server: ServerProcess, concurrency: int, tokens: int, prewarm: bool)
     wall = run["wall"]
     return {
         "system": server.name, "concurrency": concurrency, "tokens_per_stream": tokens,
-        "streams_ok": concurrency - run["errors"], "errors": run["errors"],
+        "streams_ok": len(run["results"]) - run["errors"], "errors": run["errors"],
         "short_streams": short, "tokens": total, "wall_s": wall,
         "tokens_per_s": total / wall if wall > 0 else float("nan"),
         "ttft_p50_ms": percentile(ttft, 50) * ms, "ttft_p99_ms": percentile(ttft, 99) * ms,
@@ -306,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="64 and 256 streams, 32 tokens")
     p.add_argument("--no-prewarm", action="store_true",
                    help="connect inside the timed window (TTFT then includes TCP connect)")
+    p.add_argument("--steady", type=float, default=0.0, metavar="SECONDS",
+                   help="steady load instead of one burst: clients start at random over one "
+                        "stream's length, then each runs stream after stream; TTFT and ITL "
+                        "of the streams started in the next SECONDS")
     p.add_argument("--out", default=str(REPO_ROOT / "bench/results/gateway.json"))
     p.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -325,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         levels = [c for c in levels if c <= 256] or [64, 256]
         tokens = min(tokens, 32)
     seqs = max(levels)
+    ramp = tokens * args.step_ms / 1000  # one stream's length: the load is steady after it
+    steady = (ramp, args.steady) if args.steady > 0 else None
     py = sys.executable
     servers: dict[str, ServerProcess] = {}
     rows: list[dict] = []
@@ -345,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in levels:
             for name in ("bare", "gateway"):
                 log(f"{name}: {c} streams x {tokens} tokens ...")
-                r = measure(servers[name], c, tokens, prewarm=not args.no_prewarm)
+                r = measure(servers[name], c, tokens, prewarm=not args.no_prewarm,
+                            steady=steady)
                 log(f"  {r['tokens_per_s']:.0f} tok/s, TTFT p99 {r['ttft_p99_ms']:.1f} ms, "
                     f"client CPU {100 * r['client_cpu_share']:.0f}%, "
                     f"server CPU {100 * r['server_cpu_share']:.0f}%, errors {r['errors']}")
@@ -402,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     out = write_json(args.out, {
         "benchmark": "gateway", "step_ms": args.step_ms, "tokens_per_stream": tokens,
         "concurrency": levels, "prewarmed_connections": not args.no_prewarm,
+        "mode": f"steady {args.steady:g} s after a {ramp:g} s ramp" if steady else "burst",
         "gateway_max_num_seqs": seqs, "machine": machine_info(),
         "results": rows, "comparisons": comparisons})
     log(f"wrote {out}")
