@@ -7,13 +7,9 @@ gauges goes out every second.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import deque
-
 import orjson
 
 SUBSCRIBER_QUEUE = 256
-WINDOW_SECONDS = 3600.0
 
 
 class Subscriber:
@@ -61,28 +57,3 @@ class FeedHub:
         self.publish({"type": "spans", "resourceSpans": [{
             "resource": resource,
             "scopeSpans": [{"scope": {"name": "inferstack.gateway"}, "spans": spans}]}]})
-
-
-class RollingTotals:
-    """Per-request amounts kept for the last hour, to sum any recent window."""
-
-    def __init__(self):
-        self.events: deque = deque()  # (time, hit, miss, dollars, ttft, itl)
-
-    def add(self, hit: int, miss: int, dollars: float, ttft: float | None,
-            itl: float | None) -> None:
-        now = time.time()
-        self.events.append((now, hit, miss, dollars, ttft, itl))
-        while self.events and now - self.events[0][0] > WINDOW_SECONDS:
-            self.events.popleft()
-
-    def window(self, seconds: float) -> list[tuple]:
-        cutoff = time.time() - seconds
-        return [e for e in self.events if e[0] >= cutoff]
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from gateway.feed import RollingTotals, percentile
+from gateway.rolling_totals import RollingTotals, percentile
 
 
 class SnapshotBuilder:
@@ -83,8 +83,7 @@ class SnapshotBuilder:
         return {"length": len(self.state.queue), "by_priority": by_priority}
 
     def _cache(self) -> dict:
-        recent = self.rolling.window(60)
-        hit, miss = sum(e[1] for e in recent), sum(e[2] for e in recent)
+        hit, miss, _ = self.rolling.sums(60)
         total = self.hits + self.misses
         return {"hit_tokens": self.hits, "miss_tokens": self.misses,
                 "hit_rate": self.hits / total if total else 0.0,
@@ -93,16 +92,14 @@ class SnapshotBuilder:
     def _revenue(self, now: float) -> dict:
         acc = self.state.accounting
         gpus = max(1, len(self.state.workers))
-        last_hour = sum(e[3] for e in self.rolling.window(3600))
+        last_hour = self.rolling.sums(3600)[2]
         hours = min(3600.0, max(1.0, now - self.state.started_at)) / 3600
         return {"total": acc.revenue.as_dict(),
-                "last_minute": sum(e[3] for e in self.rolling.window(60)),
+                "last_minute": self.rolling.sums(60)[2],
                 "last_hour": last_hour, "per_gpu_hour": last_hour / hours / gpus,
                 "gpu_cost_per_hour": acc.prices.gpu_cost_per_hour, "gpus": gpus}
 
     def _latency(self) -> dict:
-        recent = self.rolling.window(300)
-        ttft = [e[4] for e in recent if e[4] is not None]
-        itl = [e[5] for e in recent if e[5] is not None]
+        ttft, itl = self.rolling.recent_latencies()
         return {"ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
                 "itl_p50": percentile(itl, 0.5), "itl_p99": percentile(itl, 0.99)}

@@ -108,17 +108,24 @@ class ModelRunner:
         model_cfg = model_cfg or self.model_cfg
         decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefills = [s for s in out.scheduled if s.num_new_tokens > 1]
-        order = decodes + prefills
-        ids, positions, slot_chunks, last_index = [], [], [], {}
-        pre_meta, offset = [], 0
-        for s in order:
+        bs = self.block_size
+        # a decode needs only its new token's position and slot: plain ints, no tensors
+        ids, positions, last_index = [], [], {}
+        slot_chunks = [torch.tensor([s.request.block_ids[s.start_position // bs] * bs
+                                     + s.start_position % bs for s in decodes],
+                                    dtype=torch.long)]
+        for i, s in enumerate(decodes):
+            ids.extend(s.request.token_slice_with_spec(s.start_position, s.start_position + 1))
+            last_index[s.request.request_id] = i
+        positions.append(torch.tensor([s.start_position for s in decodes], dtype=torch.long))
+        pre_meta, offset = [], len(decodes)
+        for s in prefills:
             r, start, n = s.request, s.start_position, s.num_new_tokens
             ids.extend(r.token_slice_with_spec(start, start + n))
             positions.append(torch.arange(start, start + n))
             ctx_slots = self._slots(r, 0, start + n)
             slot_chunks.append(ctx_slots[start:])
-            if n > 1:
-                pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
+            pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
             offset += n
             last_index[r.request_id] = offset - 1
         tables = lens = None
