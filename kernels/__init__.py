@@ -1,11 +1,10 @@
 """The one place that picks an implementation for each op.
 
 The choice is made per call from the device of the op's first tensor: Triton kernels for CUDA
-tensors (when triton imports), the torch references for anything else, except decode attention
-given block tables, which has a faster torch form (kernels/cpu_attention.py). Environment variable
+tensors (when triton imports), the torch references for anything else. Environment variable
 INFERSTACK_KERNELS (read once, at import):
   ""/unset  the rule above;
-  "ref"     always the references, the oracles in the tests (FORCE_REFERENCE);
+  "ref"     always the references (FORCE_REFERENCE);
   "triton"  Triton for CPU tensors too, through its interpreter (slow; for checking the
             runtime's calls against the kernels on a machine without a GPU).
 Callers import the op names from here and never from the files directly.
@@ -18,7 +17,6 @@ import torch
 
 from kernels._utils import HAS_TRITON
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
-from kernels.cpu_attention import paged_decode_attention_cpu
 from kernels.paged_attention import (context_slots, paged_decode_attention_ref,
                                      paged_decode_attention_slots_triton,
                                      paged_decode_attention_triton)
@@ -86,9 +84,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             return paged_decode_attention_triton(q, k_cache, v_cache, block_tables,
                                                  context_lens, page, scale)
         return paged_decode_attention_slots_triton(q, k_cache, v_cache, slots, valid, scale)
-    if have_tables and not FORCE_REFERENCE:
-        return paged_decode_attention_cpu(q, k_cache, v_cache, block_tables, context_lens,
-                                          block_size if block_size is not None else 16, scale)
     if slots is None:
         slots, valid = context_slots(block_tables, context_lens,
                                      block_size if block_size is not None else 16)

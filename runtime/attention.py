@@ -26,9 +26,8 @@ class AttentionMetadata:
     cos: torch.Tensor  # [T, 1, head_dim] (see kernels.rotary_cos_sin)
     sin: torch.Tensor
     num_decode: int
-    decode_block_tables: torch.Tensor | None  # [num_decode, W], rows padded with block 0
-    decode_context_lens: torch.Tensor | None  # [num_decode]
-    block_size: int
+    decode_slots: torch.Tensor | None  # [num_decode, L]
+    decode_valid: torch.Tensor | None  # [num_decode, L]
     prefills: list[PrefillSeq]
 
 
@@ -49,10 +48,8 @@ class PagedAttention:
         nd = meta.num_decode
         # decode
         if nd:
-            out[:nd] = kernels.paged_decode_attention(
-                q[:nd], k_cache, v_cache, None, None, self.scale,
-                block_tables=meta.decode_block_tables, context_lens=meta.decode_context_lens,
-                block_size=meta.block_size)
+            out[:nd] = kernels.paged_decode_attention(q[:nd], k_cache, v_cache, meta.decode_slots,
+                                                      meta.decode_valid, self.scale)
         # prefill
         for p in meta.prefills:
             end = p.q_start + p.q_len

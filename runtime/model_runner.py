@@ -128,19 +128,20 @@ class ModelRunner:
             pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
             offset += n
             last_index[r.request_id] = offset - 1
-        tables = lens = None
+        decode_slots = decode_valid = None
         if decodes:
             rows = [s.request.block_ids for s in decodes]
             width = max(len(t) for t in rows)
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in rows],
-                                  dtype=torch.long).to(self.device)
-            lens = torch.tensor([s.start_position + 1 for s in decodes],
-                                dtype=torch.long).to(self.device)
+            tables = torch.tensor([t + [0] * (width - len(t)) for t in rows], dtype=torch.long)
+            lens = torch.tensor([s.start_position + 1 for s in decodes], dtype=torch.long)
+            decode_slots, decode_valid = kernels.context_slots(tables, lens, bs)
+            decode_slots = decode_slots.to(self.device)
+            decode_valid = decode_valid.to(self.device)
         pos = torch.cat(positions).to(self.device)
         cos, sin = kernels.rotary_cos_sin(pos, model_cfg.head_dim, model_cfg.rope_theta,
                                           self.dtype)
         meta = AttentionMetadata(torch.cat(slot_chunks).to(self.device), cos, sin, len(decodes),
-                                 tables, lens, self.block_size, pre_meta)
+                                 decode_slots, decode_valid, pre_meta)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         return input_ids, meta, last_index
 

@@ -11,7 +11,7 @@ from kernels.rotary import apply_rotary_ref
 from runtime.sampling_params import SamplingParams
 
 LAUNCHERS = ["rms_norm_triton", "apply_rotary_triton", "silu_and_mul_triton", "store_kv_triton",
-             "paged_decode_attention_triton", "prefill_attention_triton"]
+             "paged_decode_attention_slots_triton", "prefill_attention_triton"]
 CUDA_TENSOR = SimpleNamespace(is_cuda=True)  # all use_triton looks at
 
 
