@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.http_protocol import GatewayRunner
+from runtime.gc_tuning import tune_gc_for_serving
 from gateway.state import STATE
 
 log = logging.getLogger("gateway")
@@ -54,6 +55,7 @@ async def serve(config) -> int:
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
+    tune_gc_for_serving()
     log.info("listening on http://%s:%d", config.host, config.port)
     await shutdown.requested.wait()
     state.draining = True  # 503 for new requests, /ready 503

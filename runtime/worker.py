@@ -17,6 +17,7 @@ import time
 from runtime.config import EngineConfig
 from runtime.device_stats import DeviceStats
 from runtime.errors import RuntimeErrorBase
+from runtime.gc_tuning import tune_gc_for_serving
 from runtime.outputs import RequestOutput, StepStats
 from runtime.protocol import encode_frame, read_frame_blocking
 from runtime.sampling_params import SamplingParams
@@ -201,6 +202,7 @@ def main(argv=None) -> int:
     if args.kv_store:
         worker.enable_disagg(args.kv_store)
     worker.send(worker.ready_message())
+    tune_gc_for_serving()
     threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
     worker.loop()
     return 0
