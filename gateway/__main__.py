@@ -18,8 +18,8 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.http_protocol import GatewayRunner
-from runtime.gc_tuning import tune_gc_for_serving
 from gateway.state import STATE
+from runtime.gc_tuning import tune_gc_for_serving
 
 log = logging.getLogger("gateway")
 
@@ -76,9 +76,7 @@ async def serve(config) -> int:
 def _kill_workers(state) -> None:
     state.stop.set()  # no supervisor restarts them
     for w in state.workers:
-        w._closing = True
-        if w.proc is not None and w.proc.returncode is None:
-            w.proc.kill()
+        w.kill()
 
 
 async def _drain(state, shutdown: Shutdown, timeout: float) -> bool:

@@ -76,7 +76,7 @@ def _create_pd_workers(app: web.Application, state: GatewayState,
         app[KV_STORE] = store
         address = f"127.0.0.1:{store.port}"
     argv = config.worker_argv() + ["--kv-store", address]
-    state.workers = [_worker(config, i, argv, "prefill" if i < num_prefill else "decode")
+    state.workers = [_worker(config, i, argv)
                      for i in range(num_prefill + num_decode)]
     state.dispatcher = Dispatcher(state.workers[:num_prefill], state.queue,
                                   config.affinity_margin, state.workers[num_prefill:])
@@ -85,13 +85,12 @@ def _create_pd_workers(app: web.Application, state: GatewayState,
         w.on_transfer = lambda worker, message: _on_transfer(app, message)
 
 
-def _worker(config: GatewayConfig, index: int, argv: list[str],
-            role: str = "both") -> WorkerHandle:
+def _worker(config: GatewayConfig, index: int, argv: list[str]) -> WorkerHandle:
     if config.ray_address:
         gpus = 1 if config.device.startswith("cuda") else 0
-        return RayWorkerHandle(index, argv, config.worker_ready_timeout, role,
+        return RayWorkerHandle(index, argv, config.worker_ready_timeout,
                                num_cpus=config.threads(), num_gpus=gpus)
-    return WorkerHandle(index, argv, ready_timeout=config.worker_ready_timeout, role=role)
+    return WorkerHandle(index, argv, ready_timeout=config.worker_ready_timeout)
 
 
 def _connect_ray(config: GatewayConfig) -> None:

@@ -48,6 +48,14 @@ class Job:
         return [self.request_id] if self.n == 1 else [f"{self.request_id}/{i}"
                                                       for i in range(self.n)]
 
+    def sub_params(self, i: int) -> dict:
+        """Sampling fields of sub-request i: seeded requests get n distinct, reproducible
+        samples."""
+        params = dict(self.params)
+        if params.get("seed") is not None and self.n > 1:
+            params["seed"] = params["seed"] + i
+        return params
+
     def affinity_key(self) -> bytes:
         head = ",".join(map(str, self.prompt[:AFFINITY_TOKENS]))
         return hashlib.blake2b(f"{self.salt}|{head}".encode(), digest_size=8).digest()
@@ -134,9 +142,7 @@ class Dispatcher:
     def _submit(self, job: Job, worker: WorkerHandle) -> None:
         try:
             for i, sub_id in enumerate(job.sub_ids):
-                params = dict(job.params)
-                if params.get("seed") is not None and job.n > 1:
-                    params["seed"] = params["seed"] + i  # n distinct, reproducible samples
+                params = job.sub_params(i)
                 extra = None
                 if self.disaggregated:
                     extra = {"prefill_only": True}
@@ -192,10 +198,7 @@ class Dispatcher:
         if decode is None:  # all full, or restarting: retried on every dispatch round
             self.pending_handoffs.append((prefill, out))
             return
-        i = job.sub_ids.index(sub_id)
-        params = dict(job.params)
-        if params.get("seed") is not None and job.n > 1:
-            params["seed"] = params["seed"] + i
+        params = job.sub_params(job.sub_ids.index(sub_id))
         usage = out.get("usage") or [len(job.prompt), 0, 0]
         key, tag = f"{prefill.pid}-{decode.pid}", next(self._tags) % (1 << 19)
         prefill.release(sub_id)

@@ -7,6 +7,7 @@ gauges goes out every second.
 from __future__ import annotations
 
 import asyncio
+
 import orjson
 
 SUBSCRIBER_QUEUE = 256

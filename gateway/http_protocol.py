@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from http import HTTPStatus
 
 import orjson
 from aiohttp import web
@@ -23,13 +24,9 @@ from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
 from gateway.errors import error_body
+from gateway.http_errors import json_response
 
 log = logging.getLogger(__name__)
-
-_REASONS = {400: "Bad Request", 408: "Request Timeout", 414: "URI Too Long",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error",
-            504: "Gateway Timeout"}
-
 
 def parser_error(exc: BaseException | None, status: int,
                  request_line_bytes: int = 0) -> tuple[int, dict]:
@@ -58,7 +55,7 @@ def parser_error(exc: BaseException | None, status: int,
 def raw_response(status: int, body: dict) -> bytes:
     """A whole HTTP/1.1 response that closes the connection, for use before any request."""
     payload = orjson.dumps(body)
-    head = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
+    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
             f"Connection: close\r\n\r\n")
     return head.encode("ascii") + payload
@@ -127,8 +124,7 @@ class GatewayRequestHandler(RequestHandler):
         else:
             log.debug("refused a malformed request from %s: %s", request.remote, exc)
         status, body = parser_error(exc, status, self._request_line_bytes)
-        response = web.Response(body=orjson.dumps(body), status=status,
-                                content_type="application/json")
+        response = json_response(body, status)
         response.force_close()
         return response
 

@@ -55,8 +55,7 @@ class RequestQueue:
         entry.key = entry.priority * self.aging_seconds + start
         displaced = None
         if self._size >= self.max_size:
-            last = max((e for _, _, e in self._heap if e.queued), key=lambda e: e.key,
-                       default=None)
+            last = max(self.waiting(), key=lambda e: e.key, default=None)
             if last is None or entry.key >= last.key:
                 raise QueueFull(self.retry_after())
             self.remove(last)

@@ -7,6 +7,7 @@ early (the client went away) cancels the job wherever it is: queue entry or work
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -80,6 +81,9 @@ class GenerationService:
         self.special_texts = tuple(sorted(
             t.content for t in tokenizer.backend.get_added_tokens_decoder().values()
             if t.special))
+        # one pass over each message finds whether any of them is there at all
+        self.special_pattern = re.compile("|".join(map(re.escape, self.special_texts))) \
+            if self.special_texts else None
         # no token covers more bytes than this, so a longer text cannot fit the context
         self.max_token_bytes = _max_token_bytes(tokenizer)
 
@@ -136,9 +140,13 @@ class GenerationService:
         return await asyncio.to_thread(self.tokenizer.encode_without_gil, text)
 
     def _check_no_special_tokens(self, messages) -> None:
+        if self.special_pattern is None:
+            return
         for i, message in enumerate(messages):
             content = message["content"]
-            for special in self.special_texts:
+            if self.special_pattern.search(content) is None:
+                continue
+            for special in self.special_texts:  # name the first in sorted order, as always
                 if special in content:
                     raise bad_request(f"messages[{i}].content contains the control token "
                                       f"{special!r}, which only the chat template may place",

@@ -28,9 +28,8 @@ class WorkerDied(Exception):
 
 class WorkerHandle:
     def __init__(self, index: int, argv: list[str], env: dict | None = None,
-                 ready_timeout: float = 300.0, role: str = "both"):
+                 ready_timeout: float = 300.0):
         self.index = index
-        self.role = role  # "both" (colocated), "prefill" or "decode"
         self.prompt_tokens: dict[str, int] = {}  # prompt length per in-flight request
         self.argv = argv
         self.env = env
@@ -90,6 +89,12 @@ class WorkerHandle:
             await self.proc.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
+
+    def kill(self) -> None:
+        """Stop at once, with no restart (the supervisor skips a closing worker)."""
+        self._closing = True
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
 
     @property
     def alive(self) -> bool:
@@ -211,23 +216,23 @@ class WorkerHandle:
             if self.on_transfer is not None:
                 self.on_transfer(self, message)
         elif kind == "import_failed":
-            stream = self.inflight.get(message["id"])
-            if self.on_output is not None:
-                self.on_output(self, _ended(message["id"], "error"))
-            self.release(message["id"])
-            if stream is not None:
-                stream.put_nowait(WorkerDied(f"KV transfer to worker {self.index} failed: "
-                                             f"{message.get('error')}", message["id"]))
+            rid = message["id"]
+            self._end(rid, "error", WorkerDied(f"KV transfer to worker {self.index} failed: "
+                                               f"{message.get('error')}", rid))
         elif kind == "stats":
             self.stats = message["stats"]
             self.pending_blocks = 0
         elif kind == "rejected":
-            stream = self.inflight.get(message["id"])
-            if self.on_output is not None:
-                self.on_output(self, _ended(message["id"], "rejected"))
-            self.release(message["id"])
-            if stream is not None:
-                stream.put_nowait(message)
+            self._end(message["id"], "rejected", message)
+
+    def _end(self, request_id: str, reason: str, item) -> None:
+        """The request ends here with nothing to bill: meter it, free it, wake its reader."""
+        stream = self.inflight.get(request_id)
+        if self.on_output is not None:
+            self.on_output(self, _ended(request_id, reason))
+        self.release(request_id)
+        if stream is not None:
+            stream.put_nowait(item)
 
     def _on_death(self) -> None:
         self.ready.clear()
@@ -302,10 +307,9 @@ class RayWorkerHandle(WorkerHandle):
     (the supervisor calls `start` again)."""
 
     def __init__(self, index: int, argv: list[str], ready_timeout: float = 300.0,
-                 role: str = "both", num_cpus: float = 1, num_gpus: float = 0):
-        super().__init__(index, argv, ready_timeout=ready_timeout, role=role)
+                 num_cpus: float = 1, num_gpus: float = 0):
+        super().__init__(index, argv, ready_timeout=ready_timeout)
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
-        self.node_ip: str | None = None
 
     async def start(self) -> None:
         import ray
@@ -318,7 +322,6 @@ class RayWorkerHandle(WorkerHandle):
         self.proc = _ActorProcess(actor, None)
         try:
             message = await asyncio.wait_for(actor.ready.remote(), self.ready_timeout)
-            self.node_ip = await actor.node_ip.remote()
         except BaseException:
             self.proc.kill()
             raise

@@ -44,9 +44,6 @@ class RayWorker:
     def ready(self) -> dict:
         return self.worker.ready_message()
 
-    def node_ip(self) -> str:
-        return ray.util.get_node_ip_address()
-
     @ray.method(concurrency_group="push")
     def push(self, message: dict) -> None:
         self.worker.commands.put(message)

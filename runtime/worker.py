@@ -121,8 +121,7 @@ class Worker:
 
     def add(self, message: dict) -> None:
         try:
-            params = SamplingParams(**{k: tuple(v) if isinstance(v, list) else v
-                                       for k, v in message["params"].items()})
+            params = self.params(message["params"])
             self.engine.add_request(message["id"], message["prompt"], params,
                                     message.get("priority", 0), message.get("salt"))
             if message.get("prefill_only") and self.disagg is not None:

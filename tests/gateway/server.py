@@ -49,11 +49,16 @@ class GatewayProcess:
 
     def metric(self, name: str) -> float:
         """Sum of a metric's samples in /metrics (0 when absent)."""
-        total = 0.0
+        return self.metrics([name])[name]
+
+    def metrics(self, names) -> dict[str, float]:
+        """Sums of several metrics' samples from one read of /metrics (0 when absent)."""
+        out = dict.fromkeys(names, 0.0)
         for line in self.get("/metrics")[1].decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+            for name in names:
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    out[name] += float(line.rsplit(" ", 1)[1])
+        return out
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -66,13 +66,7 @@ class Gateway(GatewayProcess):
         names = ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "inferstack:gateway_queue_length", "inferstack:budget_reserved_usd",
                  "inferstack:workers_alive")
-        text = self.get("/metrics")[1].decode()
-        out = dict.fromkeys(names, 0.0)
-        for line in text.splitlines():
-            for name in names:
-                if line.startswith(name + "{") or line.startswith(name + " "):
-                    out[name] += float(line.rsplit(" ", 1)[1])
-        return out
+        return self.metrics(names)
 
     def rss_bytes(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as fh:
