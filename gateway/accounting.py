@@ -50,15 +50,18 @@ class Accounting:
         self.on_settle = []  # callbacks(Generation) for metrics, traces and the live feed
 
     # ---- admission ----------------------------------------------------------------------
+    def admit_request(self, key: ApiKey) -> None:
+        """Count the request against the tenant's requests per minute before any work is done
+        for it (tokenizing, the chat template), or raise 429: refusals cost the sender too."""
+        _raise_if_waiting(key.tenant, self.limiter.take_request(key.tenant))
+
     def admit(self, gen, key: ApiKey) -> None:
-        """Charge the rate limits and reserve the largest possible cost, or raise 429 / 402."""
+        """Charge the token rate limit and reserve the largest possible cost, or raise 429 /
+        402. Follows `admit_request`."""
         tenant, job = key.tenant, gen.job
         max_output = job.params["max_tokens"] * job.n
         tokens = len(job.prompt) + max_output
-        wait = self.limiter.check(tenant, tokens)
-        if wait > 0:
-            raise rate_limited(f"tenant {tenant.name!r} is over its rate limit",
-                               retry_after_s=wait if wait != float("inf") else 60)
+        _raise_if_waiting(tenant, self.limiter.take_tokens(tenant, tokens))
         multiplier = self.prices.multiplier()
         worst = self.prices.cost(0, len(job.prompt), max_output, multiplier).total
         try:
@@ -150,6 +153,12 @@ async def wait_committed(gen, timeout: float = 30.0) -> None:
     except Exception as exc:  # noqa: BLE001 - a lost row must not look like a finished bill
         raise APIError(500, "the request finished but its usage could not be recorded; "
                        "it is not billed", "server_error", code="ledger_unavailable") from exc
+
+
+def _raise_if_waiting(tenant, wait: float) -> None:
+    if wait > 0:
+        raise rate_limited(f"tenant {tenant.name!r} is over its rate limit",
+                           retry_after_s=wait if wait != float("inf") else 60)
 
 
 def _status(reason: str | None) -> str:

@@ -13,6 +13,7 @@ async def admit(state, key, req, body, trace_headers: dict | None = None):
     tenant = key.tenant
     if not tenant.allows_model(req.model):
         raise not_found(f"model {req.model!r} is not available to this key", param="model")
+    state.accounting.admit_request(key)  # before the work a refusal could make us do
     salt = key.cache_salt
     if isinstance(body, dict) and body.get("cache_scope") == "shared":
         if not tenant.shared_cache:

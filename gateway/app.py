@@ -17,6 +17,7 @@ from gateway.keys import KeyStore
 from gateway.ledger import Ledger
 from gateway.pricing import PRESETS, PriceBook
 from gateway.dispatch import Dispatcher
+from gateway.browser_guard import browser_guard
 from gateway.http_errors import error_middleware
 from gateway.metrics import GatewayMetrics
 from gateway.queue import RequestQueue
@@ -33,8 +34,10 @@ KV_METRICS = web.AppKey("kv_metrics", dict)  # "seconds" histogram, "bytes" coun
 
 def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Application:
     """The gateway. `in_memory_spans` keeps finished spans for tests to read."""
-    app = web.Application(client_max_size=config.max_body_bytes,
-                          middlewares=[error_middleware])
+    middlewares = [error_middleware]
+    if not config.keys_file:  # every caller is admin: keep web pages and rebound names out
+        middlewares.append(browser_guard(check_host=config.is_loopback()))
+    app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     state = GatewayState(config)
     state.queue = RequestQueue(config.max_queue, config.aging_seconds)
     if config.ray_address:
@@ -219,5 +222,5 @@ def _become_ready(state: GatewayState, info: dict) -> None:
     state.accounting.on_settle.append(state.metrics.observe_settled)
     state.service = GenerationService(tokenizer, state.dispatcher, info["max_model_len"],
                                       info["vocab_size"], state.config.default_max_tokens,
-                                      state.accounting)
+                                      state.accounting, state.config.stream_buffer_bytes)
     log.info("serving %s from %d worker(s)", info["model"], len(state.workers))

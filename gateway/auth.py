@@ -39,3 +39,19 @@ def authenticate(request: web.Request, store: KeyStore | None) -> ApiKey:
 def require_admin(key: ApiKey) -> None:
     if not key.admin:
         raise APIError(403, "this endpoint needs an admin key", "permission_error")
+
+
+def require_metrics_reader(key: ApiKey) -> None:
+    """/metrics names tenants and their revenue: admins and keys marked `metrics = true`."""
+    if not (key.admin or key.metrics):
+        raise APIError(403, "/metrics needs an admin key or a key with metrics = true",
+                       "permission_error")
+
+
+def is_admin_caller(request: web.Request, store: KeyStore | None) -> bool:
+    """Whether the request carries an admin key (always, without a key file); never raises."""
+    if store is None:
+        return True
+    secret = presented_key(request)
+    key = store.lookup(secret) if secret is not None else None
+    return key is not None and key.admin

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from aiohttp import web
@@ -15,6 +16,8 @@ from gateway.sse import SSEStream
 from gateway.state import GatewayState
 from gateway.stream_chunker import StreamChunker
 
+log = logging.getLogger(__name__)
+
 
 def response_headers(gen: Generation) -> dict:
     return {"x-request-id": gen.job.request_id, "x-queue-seconds": f"{gen.queue_seconds:.6f}"}
@@ -26,16 +29,21 @@ def usage_of(gen: Generation) -> dict:
     return usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens, extra)
 
 
-class KeepAlive:
-    """Sends an SSE comment whenever the stream has been quiet for `interval` seconds.
+class StreamGuard:
+    """Watches one SSE answer from beside it: sends a keep-alive comment whenever the stream
+    has been quiet for `interval` seconds, and drops the connection when a write has waited
+    `send_timeout` seconds on a client that does not read (0: never).
 
     It runs beside the stream instead of wrapping each delta in a timeout, so the per-token
-    path stays a plain queue read. A keep-alive that finds the client gone cancels the stream.
+    path stays a plain queue read. Dropping the connection ends the stream's writes, and the
+    request is aborted and billed for what it produced.
     """
 
-    def __init__(self, interval: float, send):
+    def __init__(self, interval: float, send_timeout: float, keepalive, stream):
         self.interval = interval
-        self.send = send
+        self.send_timeout = send_timeout
+        self.keepalive = keepalive  # async () -> bool: False when the client is gone
+        self.stream = stream  # () -> SSEStream | None, once the response is open
         self.last = time.monotonic()
         self.owner = asyncio.current_task()
         self.task = asyncio.create_task(self._loop())
@@ -43,16 +51,46 @@ class KeepAlive:
     def touch(self) -> None:
         self.last = time.monotonic()
 
+    def _pending_since(self) -> float | None:
+        sse = self.stream()
+        return sse.writing_since if sse is not None else None
+
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(max(0.0, self.last + self.interval - time.monotonic()))
-            if time.monotonic() - self.last >= self.interval:
+            since = self._pending_since()
+            if since is None:
+                wake = self.last + self.interval
+            else:  # a write is waiting on the client: the stream is stuck, not quiet
+                wake = since + (self.send_timeout or self.interval)
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
+            since = self._pending_since()
+            if since is not None:
+                if self.send_timeout and time.monotonic() - since >= self.send_timeout:
+                    return self._stalled()
+            elif time.monotonic() - self.last >= self.interval:
                 self.touch()
-                if not await self.send():
+                if not await self._send_keepalive():
                     self.owner.cancel()  # the client left while nothing was streaming
                     return
 
+    async def _send_keepalive(self) -> bool:
+        if not self.send_timeout:
+            return await self.keepalive()
+        try:
+            return await asyncio.wait_for(self.keepalive(), self.send_timeout)
+        except asyncio.TimeoutError:
+            self._stalled()
+            return True
+
+    def _stalled(self) -> None:
+        log.warning("a client read nothing for %.0f s; dropping its stream", self.send_timeout)
+        sse = self.stream()
+        if sse is not None:
+            sse.abort()  # the pending write fails; the stream loop ends and aborts the job
+
     async def stop(self) -> None:
+        if self.task is asyncio.current_task():
+            return
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
 
@@ -80,7 +118,8 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
     async def keepalive() -> bool:
         return await (await ensure_open()).keepalive()
 
-    pinger = KeepAlive(state.config.keepalive_seconds, keepalive)
+    pinger = StreamGuard(state.config.keepalive_seconds, state.config.send_timeout_seconds,
+                         keepalive, lambda: sse)
     try:
         async for delta in state.service.stream(gen):
             pinger.touch()

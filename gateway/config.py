@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import ipaddress
 import os
+import socket
 import tomllib
 from dataclasses import dataclass, fields
 
@@ -32,9 +34,12 @@ class GatewayConfig:
     body_timeout_seconds: float = 30.0  # a client must send its whole body within this (408)
     header_timeout_seconds: float = 20.0  # ... and each request head (line + headers) (408)
     idle_timeout_seconds: float = 75.0  # a connection with no request in flight closes after this
+    send_timeout_seconds: float = 30.0  # a client that reads nothing this long is cut off
+    stream_buffer_bytes: int = 4 << 20  # unread output one request may hold before it is cut
     drain_timeout_seconds: float = 30.0  # on SIGTERM: in-flight requests may finish within this
     worker_ready_timeout: float = 600.0
     keys_file: str | None = None  # API keys and tenants (TOML); None: loopback, one tenant
+    allow_insecure_no_auth: bool = False  # serve without keys on a non-loopback address
     prices: str = "seed"  # a preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML
     ledger_path: str | None = None  # SQLite ledger; None: <cache dir>/ledger.sqlite3
     fair_share_tokens_per_second: float = 1000.0
@@ -89,10 +94,41 @@ class GatewayConfig:
         os.makedirs(base, exist_ok=True)
         return os.path.join(base, "ledger.sqlite3")
 
+    def is_loopback(self) -> bool:
+        """Every address the gateway would listen on is a loopback one."""
+        return is_loopback_host(self.host)
+
     def threads(self) -> int:
         if self.threads_per_worker:
             return self.threads_per_worker
         return max(1, (os.cpu_count() or 1) // max(1, self.num_workers()))
+
+
+def is_loopback_host(host: str) -> bool:
+    """The host resolves only to loopback addresses ("" and 0.0.0.0 mean every interface)."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+                               for i in infos)
+
+
+def refuse_open_keyless(config: GatewayConfig) -> None:
+    """Without a key file every caller is admin and unmetered: that is for loopback only."""
+    if config.keys_file or config.allow_insecure_no_auth or config.is_loopback():
+        return
+    raise SystemExit(
+        f"refusing to listen on {config.host!r} without --keys-file: with no keys, anyone who "
+        f"can reach the gateway is its administrator (usage, telemetry, unmetered generation). "
+        f"Give --keys-file, listen on 127.0.0.1, or pass --allow-insecure-no-auth if this "
+        f"network is yours alone.")
 
 
 HELP = {
@@ -117,10 +153,18 @@ HELP = {
     "header_timeout_seconds": "seconds a client may take to send a request's line and headers "
                               "(408 after; 0: no limit)",
     "idle_timeout_seconds": "seconds an HTTP connection may stay open with no request in flight",
+    "send_timeout_seconds": "seconds a client may leave a stream unread (a write waiting on it, "
+                            "or a WebSocket ping unanswered) before its requests are aborted and "
+                            "billed for what they produced (0: no limit)",
+    "stream_buffer_bytes": "unread output one request may hold in the gateway before it is "
+                           "aborted (the client reads too slowly)",
     "drain_timeout_seconds": "on SIGTERM, seconds in-flight requests may take to finish "
                              "(a second SIGTERM aborts at once)",
     "worker_ready_timeout": "seconds a worker may take to load its model",
-    "keys_file": "TOML file of API keys and tenants (without it: loopback only, one tenant)",
+    "keys_file": "TOML file of API keys and tenants (without it: loopback only, one tenant, "
+                 "every caller is admin)",
+    "allow_insecure_no_auth": "allow serving without --keys-file on a non-loopback address: "
+                              "anyone who reaches it is admin and unmetered",
     "prices": "price preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML file",
     "ledger_path": "SQLite ledger of finished requests (default: in the cache folder)",
     "fair_share_tokens_per_second": "nominal rate converting tokens to fair-share time",
@@ -185,4 +229,6 @@ def load_config(argv: list[str] | None = None, environ: dict | None = None) -> G
         arg = getattr(args, name)
         if arg is not None:
             values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
-    return GatewayConfig(**values)
+    config = GatewayConfig(**values)
+    refuse_open_keyless(config)
+    return config

@@ -18,13 +18,24 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
+import time
 import weakref
 from dataclasses import dataclass, field
 
+from gateway.output_stream import OutputStream
 from gateway.queue import QueueEntry, QueueFull, RequestQueue
 from gateway.worker_client import WorkerDied, WorkerHandle
+from runtime.sampling_params import choice_seed
 
+log = logging.getLogger(__name__)
 AFFINITY_TOKENS = 64
+LOOP_TICK_SECONDS = 0.05
+
+
+class DispatchFailed(Exception):
+    """Submitting one job failed for a reason of its own (a frame that cannot be encoded, a
+    bug): that job fails with a 500; the dispatcher and every other job go on."""
 
 
 @dataclass(eq=False)
@@ -41,7 +52,7 @@ class Job:
                                      .create_future())
     entry: QueueEntry | None = None
     worker: WorkerHandle | None = None
-    stream: asyncio.Queue = field(default_factory=asyncio.Queue)  # outputs of every sub-request
+    stream: OutputStream = field(default_factory=OutputStream)  # outputs of every sub-request
 
     @property
     def sub_ids(self) -> list[str]:
@@ -53,8 +64,14 @@ class Job:
         samples."""
         params = dict(self.params)
         if params.get("seed") is not None and self.n > 1:
-            params["seed"] = params["seed"] + i
+            params["seed"] = choice_seed(params["seed"], i)
         return params
+
+    def add_messages(self, extra: dict | None = None) -> list[dict]:
+        """The worker's "add" frame of every sub-request."""
+        return [{"type": "add", "id": sub_id, "prompt": self.prompt, "params": self.sub_params(i),
+                 "priority": self.priority, "salt": self.salt, **(extra or {})}
+                for i, sub_id in enumerate(self.sub_ids)]
 
     def affinity_key(self) -> bytes:
         head = ",".join(map(str, self.prompt[:AFFINITY_TOKENS]))
@@ -77,6 +94,8 @@ class Dispatcher:
         self.pd_jobs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.pending_handoffs: list[tuple[WorkerHandle, dict]] = []
         self._tags = itertools.count(1)
+        self.last_tick = time.monotonic()  # the loop's heartbeat, for liveness checks
+        self.loop_errors = 0  # exceptions the loop caught and survived
 
     @property
     def disaggregated(self) -> bool:
@@ -114,13 +133,24 @@ class Dispatcher:
 
     # ---- the loop -----------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch whenever woken, and every tick. Nothing one job does can end this loop:
+        `dispatch_ready` fails a bad job on its own; anything else is logged and survived."""
         while not stop.is_set():
+            self.last_tick = time.monotonic()
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                await asyncio.wait_for(self._wake.wait(), timeout=LOOP_TICK_SECONDS)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            self.dispatch_ready()
+            try:
+                self.dispatch_ready()
+            except Exception:  # noqa: BLE001 - a dead dispatcher strands every queued job
+                self.loop_errors += 1
+                log.exception("dispatch round failed; the dispatcher goes on")
+
+    def is_alive(self, stale_seconds: float = 2.0) -> bool:
+        """The loop has ticked recently (it ticks every LOOP_TICK_SECONDS)."""
+        return time.monotonic() - self.last_tick < stale_seconds
 
     def dispatch_ready(self) -> int:
         """Assign as many queued jobs, in order, as the workers can take now."""
@@ -131,7 +161,12 @@ class Dispatcher:
                 self.handoff(prefill, out)
         while (entry := self.queue.peek()) is not None:
             job: Job = entry.payload
-            worker = self.choose(job) or self.choose_by_preemption(job)
+            try:
+                worker = self.choose(job) or self.choose_by_preemption(job)
+            except Exception as exc:  # noqa: BLE001 - this job's own fault, not the queue's
+                self.queue.pop()
+                self._fail(job, exc)
+                continue
             if worker is None:
                 break
             self.queue.pop()
@@ -140,24 +175,31 @@ class Dispatcher:
         return assigned
 
     def _submit(self, job: Job, worker: WorkerHandle) -> None:
+        """Send every sub-request of the job, or none: the worker encodes all frames before it
+        counts anything as in flight. Never raises; a failure fails this job alone."""
+        extra = {"prefill_only": True} if self.disaggregated else None
         try:
-            for i, sub_id in enumerate(job.sub_ids):
-                params = job.sub_params(i)
-                extra = None
-                if self.disaggregated:
-                    extra = {"prefill_only": True}
-                    self.pd_jobs[sub_id] = job
-                worker.submit(sub_id, job.prompt, params, job.priority, job.salt, job.stream,
-                              extra)
-        except (WorkerDied, ConnectionError) as exc:
-            for sub_id in job.sub_ids:
-                worker.release(sub_id)
-            if not job.assigned.done():
-                job.assigned.set_exception(WorkerDied(str(exc)))
+            worker.submit(job.add_messages(extra), job.stream, job.priority, len(job.prompt))
+        except Exception as exc:  # noqa: BLE001 - see _fail
+            self._fail(job, exc)
             return
+        if self.disaggregated:
+            for sub_id in job.sub_ids:
+                self.pd_jobs[sub_id] = job
         job.worker = worker
         if not job.assigned.done():
             job.assigned.set_result(worker)
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        """The job's waiter gets the error (the service then settles its bill as an error)."""
+        if isinstance(exc, (WorkerDied, ConnectionError)):
+            error: Exception = WorkerDied(str(exc))
+        else:
+            log.exception("request %s could not be dispatched", job.request_id, exc_info=exc)
+            error = DispatchFailed(f"the request could not be sent to a worker: "
+                                   f"{type(exc).__name__}")
+        if not job.assigned.done():
+            job.assigned.set_exception(error)
 
     # ---- placement ----------------------------------------------------------------------
     def load_of(self, worker: WorkerHandle) -> float:

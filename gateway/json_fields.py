@@ -82,25 +82,39 @@ def read_object(body: dict, name: str) -> dict:
     return value
 
 
-def read_str_list(body: dict, name: str) -> tuple[str, ...]:
-    """A string or an array of strings (OpenAI's `stop`), as a tuple."""
+def read_str_list(body: dict, name: str, max_len: int) -> tuple[str, ...]:
+    """A string or an array of at most `max_len` strings (OpenAI's `stop`), as a tuple."""
     value = body.get(name)
     if value is None:
         return ()
     if isinstance(value, str):
         return (value,)
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+    if not isinstance(value, list):
         raise _wrong(name, "a string or an array of strings", value)
+    check_length(name, value, max_len)
+    if not all(isinstance(s, str) for s in value):
+        raise bad_request(f"{name} must be a string or an array of strings", name)
     return tuple(value)
 
 
-def read_int_list(body: dict, name: str) -> tuple[int, ...]:
+def read_int_list(body: dict, name: str, max_len: int) -> tuple[int, ...]:
+    """An array of at most `max_len` integers, as a tuple."""
     value = body.get(name)
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(is_int(t) for t in value):
+    if not isinstance(value, list):
         raise _wrong(name, "an array of integers", value)
+    check_length(name, value, max_len)
+    if not all(is_int(t) for t in value):
+        raise bad_request(f"{name} must be an array of integers", name)
     return tuple(value)
+
+
+def check_length(param: str, value: list, max_len: int) -> None:
+    """Every array a client sends has a cap, checked before anything looks at its items."""
+    if len(value) > max_len:
+        raise bad_request(f"{param} allows at most {max_len} items, got {len(value)}", param,
+                          code="array_too_long")
 
 
 def _check_range(param: str, value: float, lo: float | None, hi: float | None) -> None:

@@ -15,6 +15,7 @@
     tenant = "acme"
     name = "acme-prod"
     admin = false
+    metrics = false                   # may read /metrics (a key for Prometheus; admins may too)
     revoked = false
 
 A malformed file stops the start with a message that names the line.
@@ -58,6 +59,7 @@ class ApiKey:
     name: str
     admin: bool = False
     revoked: bool = False
+    metrics: bool = False  # may read /metrics without being an admin
 
     @property
     def cache_salt(self) -> str:
@@ -165,11 +167,11 @@ def _key(k: dict, tenants: dict, where: str) -> ApiKey:
     if tenant is None:
         raise KeyFileError(f"{where}: tenant {k.get('tenant')!r} is not defined "
                            f"under [tenants]")
-    for flag in ("admin", "revoked"):
+    for flag in ("admin", "revoked", "metrics"):
         if not isinstance(k.get(flag, False), bool):
             raise KeyFileError(f"{where}: {flag} must be true or false")
     return ApiKey(digest, tenant, str(k.get("name", digest[:8])), k.get("admin", False),
-                  k.get("revoked", False))
+                  k.get("revoked", False), k.get("metrics", False))
 
 
 def main(argv: list[str]) -> int:

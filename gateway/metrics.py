@@ -64,6 +64,14 @@ class GatewayMetrics:
                                      "Dollars reserved by requests in flight", label, registry=r)
         self.worker_restarts = Gauge("inferstack:worker_restarts", "Worker restarts", label,
                                      registry=r)
+        self.dispatcher_alive = Gauge("inferstack:dispatcher_alive",
+                                      "1 while the dispatch loop is ticking", label, registry=r)
+        self.slots_in_use = Gauge("inferstack:worker_slots_in_use",
+                                  "Requests the gateway counts as in flight on workers", label,
+                                  registry=r)
+        self.open_charges = Gauge("inferstack:open_charges",
+                                  "Engine requests admitted and not yet settled", label,
+                                  registry=r)
 
     def observe_finished(self, gen) -> None:
         m = self.model
@@ -89,11 +97,16 @@ class GatewayMetrics:
             self.revenue.labels(m, kind, tenant).inc(dollars)
             self.tenant_tokens.labels(m, kind, tenant).inc(tokens)
 
-    def refresh(self, queue_length: int, workers, reserved: float = 0.0) -> None:
-        """Copy the gauges from the queue and the workers' latest statistics."""
+    def refresh(self, queue_length: int, workers, reserved: float = 0.0,
+                dispatcher_alive: bool = True, open_charges: int = 0) -> None:
+        """Copy the gauges from the queue, the dispatcher, the accounting and the workers'
+        latest statistics."""
         m = self.model
         self.queue_length.labels(m).set(queue_length)
         self.budget_reserved.labels(m).set(reserved)
+        self.dispatcher_alive.labels(m).set(int(dispatcher_alive))
+        self.open_charges.labels(m).set(open_charges)
+        self.slots_in_use.labels(m).set(sum(w.num_inflight for w in workers))
         running = waiting = alive = restarts = 0
         for w in workers:
             s = w.stats

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import APIError, bad_request, from_runtime_error
-from gateway.json_fields import (is_int, read_bool, read_int, read_int_list, read_number,
-                                 read_object, read_str, read_str_list)
+from gateway.json_fields import (check_length, is_int, read_bool, read_int, read_int_list,
+                                 read_number, read_object, read_str, read_str_list)
 from gateway.openai_responses import (ChoiceResult, LogprobToken, chat_chunk,  # noqa: F401
                                       chat_logprobs, chat_response, chat_usage_chunk,
                                       completion_chunk, completion_logprobs,
@@ -23,14 +23,17 @@ from gateway.openai_responses import (ChoiceResult, LogprobToken, chat_chunk,  #
                                       usage_dict)
 from gateway.stream_chunker import StreamChunker  # noqa: F401
 from runtime.errors import InvalidRequestError
-from runtime.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from runtime.sampling_params import (MAX_SEED, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                                     MAX_TOP_LOGPROBS, MIN_SEED, SamplingParams)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 8
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
 MAX_TEMPERATURE = 2.0
-# torch generators accept seeds in this inclusive range; anything else would fail in the worker
-MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
+# caps on the arrays a client sends, so that no body makes work beyond its size: even an
+# empty message renders to a few tokens, so more than this cannot fit any context we serve
+MAX_MESSAGES = 2048
+MAX_CONTENT_PARTS = 64
 # fields that change what the model must produce; ignoring them would return a wrong answer
 UNSUPPORTED = ("tools", "functions", "logit_bias", "suffix")
 
@@ -130,8 +133,8 @@ def _sampling_params(body: dict, max_tokens: int, logprobs: bool,
         presence_penalty=read_number(body, "presence_penalty", 0.0),
         frequency_penalty=read_number(body, "frequency_penalty", 0.0),
         repetition_penalty=read_number(body, "repetition_penalty", 1.0),
-        stop=read_str_list(body, "stop"),
-        stop_token_ids=read_int_list(body, "stop_token_ids"),
+        stop=read_str_list(body, "stop", MAX_STOP_STRINGS),
+        stop_token_ids=read_int_list(body, "stop_token_ids", MAX_STOP_TOKEN_IDS),
         ignore_eos=read_bool(body, "ignore_eos", False),
         logprobs=logprobs, top_logprobs=top_logprobs)
     try:
@@ -166,6 +169,7 @@ def _read_messages(body: dict) -> tuple[dict, ...]:
         raise bad_request("messages is required", "messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty array", "messages")
+    check_length("messages", messages, MAX_MESSAGES)
     return tuple(_read_message(m, f"messages[{i}]") for i, m in enumerate(messages))
 
 
@@ -186,6 +190,7 @@ def _read_content(content: Any, role: str, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
+        check_length(where, content, MAX_CONTENT_PARTS)
         # separate parts read as separate paragraphs, as other OpenAI-compatible servers do
         return "\n".join(_read_part(p, f"{where}[{j}]") for j, p in enumerate(content))
     raise bad_request(f"{where} must be a string or an array of text parts", where)
@@ -227,4 +232,4 @@ __all__ = ["APIError", "GenerationRequest", "parse_request", "parse_chat_request
            "parse_completion_request", "ChoiceResult", "LogprobToken", "StreamChunker",
            "chat_chunk", "chat_logprobs", "chat_response", "chat_usage_chunk", "completion_chunk",
            "completion_logprobs", "completion_response", "completion_usage_chunk", "new_id",
-           "usage_dict", "MAX_N", "ROLES"]
+           "usage_dict", "MAX_N", "MAX_MESSAGES", "MAX_CONTENT_PARTS", "ROLES"]

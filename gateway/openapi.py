@@ -5,9 +5,10 @@ Ranges and enums come from the validator's own constants, so the document cannot
 """
 from __future__ import annotations
 
-from gateway.openai_api import (MAX_N, MAX_PRIORITY, MAX_SEED, MAX_TEMPERATURE, MIN_PRIORITY,
-                                MIN_SEED, ROLES)
-from runtime.sampling_params import MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
+from gateway.openai_api import (MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_N, MAX_PRIORITY,
+                                MAX_TEMPERATURE, MIN_PRIORITY, ROLES)
+from runtime.sampling_params import (MAX_SEED, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+                                     MAX_TOP_LOGPROBS, MIN_SEED)
 
 REF = "#/components/schemas/"
 
@@ -78,7 +79,8 @@ def _shared_request_fields() -> dict:
                            {"type": "array", "maxItems": MAX_STOP_STRINGS,
                             "items": {"type": "string", "minLength": 1}},
                            {"type": "null"}]},
-        "stop_token_ids": {"type": ["array", "null"], "items": {"type": "integer", "minimum": 0}},
+        "stop_token_ids": {"type": ["array", "null"], "maxItems": MAX_STOP_TOKEN_IDS,
+                           "items": {"type": "integer", "minimum": 0}},
         "ignore_eos": _bool("Keep generating past the end-of-sequence token."),
         "n": _int(1, MAX_N, "Choices to generate.", 1),
         "stream": _bool("Stream server-sent events, ending with `data: [DONE]`."),
@@ -92,11 +94,13 @@ def _shared_request_fields() -> dict:
 def _chat_request() -> dict:
     part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
     message = _obj({"role": {"enum": list(ROLES)},
-                    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part},
+                    "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part,
+                                           "maxItems": MAX_CONTENT_PARTS},
                                           {"type": "null", "description": "assistant only"}]}},
                    ("role", "content"))
     return _obj({
-        "messages": {"type": "array", "minItems": 1, "items": message},
+        "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES,
+                     "items": message},
         **_shared_request_fields(),
         "max_completion_tokens": _int(1, desc="Wins over max_tokens."),
         "logprobs": _bool("Return each output token's log-probability."),

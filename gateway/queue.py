@@ -18,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 
 
+RANK_TTL = 0.2  # seconds a ranking of the line serves position queries
+
+
 class QueueFull(Exception):
     def __init__(self, retry_after: int):
         super().__init__(f"the queue is full; retry after {retry_after}s")
@@ -44,6 +47,8 @@ class RequestQueue:
         self._count = itertools.count()
         self._size = 0
         self._drain_times: list[float] = []  # recent dequeue times, for Retry-After
+        self._ranks: dict[QueueEntry, int] = {}  # see position()
+        self._ranked_at = -math.inf
 
     def __len__(self) -> int:
         return self._size
@@ -93,9 +98,17 @@ class RequestQueue:
         """Entries still in line, in no particular order."""
         return [e for _, _, e in self._heap if e.queued]
 
-    def position(self, entry: QueueEntry) -> int:
-        """0-based place in line (how many entries will leave before it)."""
-        return sum(1 for _, _, e in self._heap if e.queued and e.key < entry.key)
+    def position(self, entry: QueueEntry) -> int | None:
+        """0-based place in line (how many entries will leave before it), from a ranking of
+        the whole line that is at most RANK_TTL seconds old; None for an entry newer than it.
+        Every WebSocket client polls its position: one sort shared by all of them keeps the
+        cost O(n log n) per RANK_TTL instead of a scan per client (O(n^2))."""
+        now = time.monotonic()
+        if now - self._ranked_at > RANK_TTL:
+            line = sorted(self.waiting(), key=lambda e: e.key)
+            self._ranks = {e: i for i, e in enumerate(line)}
+            self._ranked_at = now
+        return self._ranks.get(entry)
 
     def _drop_removed(self) -> None:
         while self._heap and self._heap[0][2].removed:

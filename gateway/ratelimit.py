@@ -57,15 +57,22 @@ class RateLimiter:
             self._buckets[tenant.name] = pair
         return pair
 
-    def check(self, tenant, tokens: int) -> float:
-        """Seconds the caller must wait (0: admitted and charged now)."""
-        requests, token_bucket = self.buckets(tenant)
-        wait = max(requests.wait_seconds(1), token_bucket.wait_seconds(tokens))
-        if wait == 0:
-            requests.take(1)
-            token_bucket.take(tokens)
-        return wait
+    def take_request(self, tenant) -> float:
+        """Charge one request before any work is done for it (0), or the seconds to wait.
+        It is never refunded: a request refused later still cost us its parsing."""
+        return _take(self.buckets(tenant)[0], 1)
+
+    def take_tokens(self, tenant, tokens: int) -> float:
+        """Charge a counted request's tokens (0), or the seconds to wait (inf: never fits)."""
+        return _take(self.buckets(tenant)[1], tokens)
 
     def refund(self, tenant, tokens: int) -> None:
         """Return tokens charged but not used (a request ended below its maximum)."""
         self.buckets(tenant)[1].give_back(tokens)
+
+
+def _take(bucket: TokenBucket, amount: float) -> float:
+    wait = bucket.wait_seconds(amount)
+    if wait == 0:
+        bucket.take(amount)
+    return wait

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from gateway.completions import respond_json, stream_sse
 from gateway.admission import admit
-from gateway.auth import authenticate, require_admin
+from gateway.auth import authenticate, is_admin_caller, require_admin, require_metrics_reader
 from gateway.errors import APIError, bad_request
 from gateway.feed_route import telemetry_handler
 from gateway.ledger import PERIOD_FORMATS
@@ -28,7 +28,13 @@ def trace_context(request: web.Request) -> dict | None:
 
 
 async def read_json(request: web.Request, timeout: float | None = None):
-    """The decoded body: 413 over the limit, 408 if it trickles in slower than `timeout`."""
+    """The decoded body: 415 unless sent as JSON (a web page can post text/plain to a local
+    gateway without asking first), 413 over the limit, 408 if it trickles in slower than
+    `timeout`."""
+    if request.content_type != "application/json":
+        raise APIError(415, f"the body must be sent as Content-Type: application/json, not "
+                       f"{request.headers.get('Content-Type', 'none')[:100]!r}",
+                       code="unsupported_media_type")
     try:
         raw = await asyncio.wait_for(request.read(), timeout)  # over client_max_size: 413
     except asyncio.TimeoutError:
@@ -103,17 +109,22 @@ async def ready(request: web.Request):
     body = {"ready": bool(alive and state.service) and not state.draining,
             "draining": state.draining, "workers_ready": alive,
             "workers": len(state.workers),
-            "worker_pids": [w.pid if w.alive else None for w in state.workers],
             "uptime_seconds": round(time.time() - state.started_at, 3)}
+    if is_admin_caller(request, state.keys):  # process ids are for operators only
+        body["worker_pids"] = [w.pid if w.alive else None for w in state.workers]
     return json_response(body, 200 if body["ready"] else 503)
 
 
 async def metrics(request: web.Request):
+    """Prometheus exposition; with a key file, for admin keys and metrics keys only (it
+    names tenants and their revenue): Prometheus sends one as `authorization.credentials`."""
     state = request.app[STATE]
+    require_metrics_reader(authenticate(request, state.keys))
     if state.metrics is None:
         return web.Response(body=b"", content_type="text/plain")
     state.metrics.refresh(len(state.queue), state.workers,
-                          state.accounting.budgets.total_reserved())
+                          state.accounting.budgets.total_reserved(),
+                          state.dispatcher.is_alive(), len(state.accounting.inflight))
     return web.Response(body=state.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -12,10 +12,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from gateway.dispatch import Dispatcher, Job
-from gateway.errors import bad_request, rate_limited, server_error
+from gateway.dispatch import DispatchFailed, Dispatcher, Job
+from gateway.errors import APIError, bad_request, rate_limited, server_error
 from gateway.openai_api import GenerationRequest
 from gateway.openai_responses import LogprobToken, new_id
+from gateway.output_stream import DEFAULT_LIMIT_BYTES, OutputStream
 from gateway.queue import QueueFull
 from gateway.worker_client import WorkerDied
 
@@ -66,11 +67,14 @@ class Generation:
 # texts longer than this are tokenized off the event loop: a thread hop costs about 50 us,
 # tokenizing 8 kB about 5 ms
 THREAD_TOKENIZE_BYTES = 8192
+THREAD_RENDER_MESSAGES = 32  # conversations longer than this are templated in a thread
 
 
 class GenerationService:
     def __init__(self, tokenizer, dispatcher: Dispatcher, max_model_len: int, vocab_size: int,
-                 default_max_tokens: int | None = None, accounting=None):
+                 default_max_tokens: int | None = None, accounting=None,
+                 stream_buffer_bytes: int = DEFAULT_LIMIT_BYTES):
+        self.stream_buffer_bytes = stream_buffer_bytes
         self.accounting = accounting
         self.tokenizer = tokenizer
         self.dispatcher = dispatcher
@@ -95,10 +99,7 @@ class GenerationService:
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
         if n >= self.max_model_len:
-            raise bad_request(f"the prompt has {n} tokens; this model's context is "
-                              f"{self.max_model_len} tokens", param="messages"
-                              if request.kind == "chat" else "prompt",
-                              code="context_length_exceeded")
+            raise self._too_long(n, "messages" if request.kind == "chat" else "prompt")
         room = self.max_model_len - n
         max_tokens = request.max_tokens
         if max_tokens is None:
@@ -109,35 +110,58 @@ class GenerationService:
                               param="max_tokens", code="context_length_exceeded")
         params = request.sampling_params(max_tokens)
         job = Job(request_id or new_id(request.kind), prompt, _params_dict(params), request.n,
-                  request.priority if priority is None else priority, salt)
+                  request.priority if priority is None else priority, salt,
+                  stream=OutputStream(self.stream_buffer_bytes))
         return Generation(request, job, prompt_text)
 
     async def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
         if request.kind == "chat":
-            self._check_no_special_tokens(request.messages)
-            text = self.tokenizer.apply_chat_template(list(request.messages))
+            messages = list(request.messages)
+            self._check_no_special_tokens(messages)
+            # refused on its size before the template runs: rendering costs per message
+            self._check_fits(sum(_utf8_size(m["content"]) for m in messages), "messages")
+            text = await self._render(messages)
             return text, await self._encode(text, "messages")
         if isinstance(request.prompt, str):
             return request.prompt, await self._encode(request.prompt, "prompt")
         ids = list(request.prompt)
+        if len(ids) >= self.max_model_len:  # before any per-token work
+            raise self._too_long(len(ids), "prompt")
         for i, t in enumerate(ids):
             if not 0 <= t < self.vocab_size:
                 raise bad_request(f"prompt token {i} is {t}, outside the vocabulary "
                                   f"[0, {self.vocab_size})", param="prompt")
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
+    async def _render(self, messages: list[dict]) -> str:
+        """The chat template, in a thread when the conversation is long: Jinja takes about
+        10 us a message, and the event loop serves every other stream meanwhile."""
+        if len(messages) <= THREAD_RENDER_MESSAGES and \
+                sum(len(m["content"]) for m in messages) <= THREAD_TOKENIZE_BYTES:
+            return self.tokenizer.apply_chat_template(messages)
+        return await asyncio.to_thread(self.tokenizer.apply_chat_template, messages)
+
     async def _encode(self, text: str, param: str) -> list[int]:
         """Tokenize, refusing first (cheaply) a text too long to fit whatever its tokens, so
         the cost stays bounded by the context. A long text is tokenized in a thread without
         the GIL (about 0.6 ms per kB on one core): every other stream goes on meanwhile."""
-        size = len(text.encode("utf-8", "surrogatepass"))
+        size = _utf8_size(text)
+        self._check_fits(size, param)
+        if size <= THREAD_TOKENIZE_BYTES:
+            return self.tokenizer.encode(text)
+        return await asyncio.to_thread(self.tokenizer.encode_without_gil, text)
+
+    def _check_fits(self, size: int, param: str) -> None:
+        """No token covers more than `max_token_bytes`: a longer text cannot fit the context."""
         if size > self.max_model_len * self.max_token_bytes:
             raise bad_request(f"the prompt is {size} bytes: more than this model's context of "
                               f"{self.max_model_len} tokens can hold", param=param,
                               code="context_length_exceeded")
-        if size <= THREAD_TOKENIZE_BYTES:
-            return self.tokenizer.encode(text)
-        return await asyncio.to_thread(self.tokenizer.encode_without_gil, text)
+
+    def _too_long(self, n: int, param: str):
+        return bad_request(f"the prompt has {n} tokens; this model's context is "
+                           f"{self.max_model_len} tokens", param=param,
+                           code="context_length_exceeded")
 
     def _check_no_special_tokens(self, messages) -> None:
         if self.special_pattern is None:
@@ -174,7 +198,7 @@ class GenerationService:
         try:
             try:
                 await job.assigned
-            except WorkerDied as exc:
+            except (WorkerDied, DispatchFailed) as exc:
                 self._drop(gen, "error")
                 raise server_error(f"no worker could take the request: {exc}") from None
             except QueueFull as exc:  # a more urgent request took its place in the queue
@@ -207,6 +231,10 @@ class GenerationService:
         i = index.get(item["id"])
         if i is None:
             return None
+        if item["finished"] and item["reason"] == "abort" and gen.job.stream.overflowed:
+            raise APIError(408, f"the client left more than {self.stream_buffer_bytes} bytes "
+                           "of output unread; the request was stopped and is billed for what "
+                           "it produced", code="slow_reader")
         if gen.first_token_at is None and item["tokens"]:
             gen.first_token_at = time.monotonic()
         if item["finished"]:
@@ -226,6 +254,10 @@ class GenerationService:
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _utf8_size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _max_token_bytes(tokenizer) -> int:

@@ -7,6 +7,7 @@ instead of handling an exception at every write.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import orjson
@@ -42,14 +43,24 @@ class SSEStream:
     can never land inside an event.
     """
 
-    def __init__(self, response: web.StreamResponse):
+    def __init__(self, response: web.StreamResponse, transport=None):
         self.response = response
+        self.transport = transport
         self.closed = False
+        self._writes = 0  # writes in progress (the stream's and the keep-alive's)
+        self.writing_since: float | None = None  # monotonic start of the oldest pending write
 
     @classmethod
     async def open(cls, request: web.Request,
                    headers: Mapping[str, str] | None = None) -> SSEStream:
-        return cls(await open_sse(request, headers))
+        return cls(await open_sse(request, headers), request.transport)
+
+    def abort(self) -> None:
+        """Drop the connection now, unsent bytes included (a client that stopped reading
+        would otherwise hold them, and the socket, until it reads)."""
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
 
     async def send(self, obj) -> bool:
         """Send one JSON event; False when the client is gone."""
@@ -69,8 +80,15 @@ class SSEStream:
     async def send_bytes(self, data: bytes) -> bool:
         if self.closed:
             return False
-        try:
+        self._writes += 1
+        if self.writing_since is None:
+            self.writing_since = time.monotonic()
+        try:  # returns at once unless the client's buffer is full: then it waits on the client
             await self.response.write(data)
         except ConnectionError:  # reset or broken pipe: the client went away mid-stream
             self.closed = True
+        finally:
+            self._writes -= 1
+            if self._writes == 0:
+                self.writing_since = None
         return not self.closed

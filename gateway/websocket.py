@@ -13,6 +13,8 @@ Bodies are the HTTP API's; "stream" is implied. Closing the socket cancels all i
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import orjson
 from aiohttp import WSMsgType, web
@@ -26,23 +28,54 @@ from gateway.openai_api import parse_request
 from gateway.state import STATE
 from gateway.stream_chunker import StreamChunker
 
+log = logging.getLogger(__name__)
 MAX_REQUESTS_PER_SOCKET = 128
 POSITION_INTERVAL = 0.25
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, state, key):
+    def __init__(self, ws: web.WebSocketResponse, state, key, transport=None):
         self.ws = ws
         self.state = state
         self.key = key  # authenticated once, at the upgrade
+        self.transport = transport
         self.tasks: dict[str, asyncio.Task] = {}
+        self._writes = 0
+        self.writing_since: float | None = None  # oldest write still waiting on the client
 
     async def send(self, message: dict) -> None:
-        if not self.ws.closed:
-            try:
-                await self.ws.send_bytes(orjson.dumps(message))
-            except ConnectionError:
-                pass
+        if self.ws.closed:
+            return
+        self._writes += 1
+        if self.writing_since is None:
+            self.writing_since = time.monotonic()
+        try:
+            await self.ws.send_bytes(orjson.dumps(message))
+        except ConnectionError:
+            pass
+        finally:
+            self._writes -= 1
+            if self._writes == 0:
+                self.writing_since = None
+
+    async def watch_stalls(self, timeout: float) -> None:
+        """Drop the socket when a write has waited `timeout` seconds on a peer that reads
+        nothing: closing it ends every request on it, each billed for what it produced."""
+        while not self.ws.closed:
+            since = self.writing_since
+            await asyncio.sleep(timeout / 4 if since is None else
+                                max(0.0, since + timeout - time.monotonic()))
+            since = self.writing_since
+            if since is not None and time.monotonic() - since >= timeout:
+                log.warning("a WebSocket peer read nothing for %.0f s; dropping it", timeout)
+                self.abort()
+                return
+
+    def abort(self) -> None:
+        """Close the TCP connection now, unsent frames included (a plain close would wait
+        for a peer that never reads to take them)."""
+        if self.transport is not None:
+            self.transport.abort()
 
     async def error(self, rid, exc: APIError) -> None:
         await self.send({"type": "error", "id": rid, "error": exc.body()["error"]})
@@ -125,7 +158,7 @@ class Connection:
         queue = self.state.queue
         while gen.job.entry is not None and gen.job.entry.queued:
             position = queue.position(gen.job.entry)
-            if position != last:
+            if position is not None and position != last:
                 await self.send({"type": "queued", "id": rid, "position": position})
                 last = position
             await asyncio.sleep(POSITION_INTERVAL)
@@ -139,9 +172,13 @@ class Connection:
 async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
     state = request.app[STATE]
     key = authenticate(request, state.keys)  # 401 before the upgrade
-    ws = web.WebSocketResponse(max_msg_size=state.config.max_body_bytes, heartbeat=30.0)
+    timeout = state.config.send_timeout_seconds
+    # a ping unanswered for half the heartbeat marks the peer dead (aiohttp closes it)
+    ws = web.WebSocketResponse(max_msg_size=state.config.max_body_bytes,
+                               heartbeat=timeout or 30.0)
     await ws.prepare(request)
-    conn = Connection(ws, state, key)
+    conn = Connection(ws, state, key, request.transport)
+    watcher = asyncio.create_task(conn.watch_stalls(timeout)) if timeout else None
     state.open_responses.add(ws)
     try:
         async for msg in ws:
@@ -151,5 +188,9 @@ async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
                 break
     finally:
         state.open_responses.discard(ws)
+        if watcher is not None:
+            watcher.cancel()
+        if isinstance(ws.exception(), asyncio.TimeoutError):  # no pong: a dead peer, whose
+            conn.abort()  # unread buffer a plain close would wait on
         await conn.close()
     return ws

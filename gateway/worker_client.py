@@ -1,6 +1,6 @@
 """The gateway's side of one runtime worker process: spawn, talk frames, notice death, restart.
 
-Each in-flight request owns an asyncio.Queue that receives its output dicts (see
+Each in-flight request owns an OutputStream (gateway/output_stream.py) that receives its output dicts (see
 runtime/protocol.py), a `{"type": "rejected"}` dict, or a WorkerDied exception. A worker whose
 pipe closes is dead at once: every in-flight request gets WorkerDied, and a supervisor starts a
 fresh process with backoff while the gateway keeps serving from the others.
@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from gateway.output_stream import OutputStream
 from runtime.protocol import encode_frame, read_frame
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class WorkerHandle:
         self.proc: asyncio.subprocess.Process | None = None
         self.info: dict = {}
         self.stats: dict = {}
-        self.inflight: dict[str, asyncio.Queue] = {}
+        self.inflight: dict[str, OutputStream] = {}
         self.priorities: dict[str, int] = {}
         self.pending_blocks = 0  # prompt blocks dispatched but not yet seen in stats
         self.ready = asyncio.Event()
@@ -105,20 +106,25 @@ class WorkerHandle:
         return self.proc.pid if self.proc is not None else None
 
     # ---- requests -----------------------------------------------------------------------
-    def submit(self, request_id: str, prompt: list[int], params: dict, priority: int,
-               salt: str | None, stream: asyncio.Queue | None = None,
-               extra: dict | None = None) -> asyncio.Queue:
-        """Send a request; its outputs arrive on `stream` (several requests may share one).
-        `extra` adds fields to the "add" frame (such as "prefill_only")."""
+    def submit(self, messages: list[dict], stream: OutputStream, priority: int,
+               num_prompt_tokens: int) -> None:
+        """Send the "add" frames of one job's sub-requests, all or none; their outputs arrive
+        on `stream`. Every frame is encoded first (raising ProtocolError or TypeError for one
+        that cannot be), so a refused job leaves nothing counted as in flight here."""
         if not self.alive:
             raise WorkerDied(f"worker {self.index} is not running")
-        stream = stream if stream is not None else asyncio.Queue()
-        self.adopt(request_id, stream, priority, len(prompt))
-        self._send({"type": "add", "id": request_id, "prompt": prompt, "params": params,
-                    "priority": priority, "salt": salt, **(extra or {})})
-        return stream
+        payloads = [self._encode(m) for m in messages]
+        for m in messages:
+            self.adopt(m["id"], stream, priority, num_prompt_tokens)
+        try:
+            for payload in payloads:
+                self._write(payload)
+        except (ConnectionError, RuntimeError) as exc:  # the pipe broke under us
+            for m in messages:
+                self.release(m["id"])
+            raise WorkerDied(f"worker {self.index}: {exc}") from exc
 
-    def adopt(self, request_id: str, stream: asyncio.Queue, priority: int,
+    def adopt(self, request_id: str, stream: OutputStream, priority: int,
               num_prompt_tokens: int) -> None:
         """Count a request as in flight here (its frame is sent by the caller)."""
         self.inflight[request_id] = stream
@@ -135,6 +141,12 @@ class WorkerHandle:
         """Ask the worker to drop a request; its final output still arrives (and is billed)."""
         if request_id in self.inflight and self.alive:
             self._send({"type": "abort", "id": request_id})
+
+    def _abort_stream(self, stream) -> None:
+        """A client left too much output unread: abort every request feeding its stream."""
+        for request_id in [r for r, s in self.inflight.items() if s is stream]:
+            log.warning("request %s: its client is not reading; aborting it", request_id)
+            self.abort(request_id)
 
     def release(self, request_id: str) -> None:
         self.inflight.pop(request_id, None)
@@ -180,7 +192,13 @@ class WorkerHandle:
 
     # ---- frames -------------------------------------------------------------------------
     def _send(self, message: dict) -> None:
-        self.proc.stdin.write(encode_frame(message))
+        self._write(self._encode(message))
+
+    def _encode(self, message: dict):
+        return encode_frame(message)
+
+    def _write(self, payload) -> None:
+        self.proc.stdin.write(payload)
 
     async def _read_loop(self) -> None:
         try:
@@ -205,8 +223,8 @@ class WorkerHandle:
                 if self.on_output is not None:
                     self.on_output(self, out)
                 stream = self.inflight.get(out["id"])
-                if stream is not None:
-                    stream.put_nowait(out)
+                if stream is not None and stream.put_nowait(out) and not out["finished"]:
+                    self._abort_stream(stream)
                 if out["finished"]:
                     self.release(out["id"])
                 elif out.get("prefilled") is not None and stream is not None \
@@ -328,8 +346,12 @@ class RayWorkerHandle(WorkerHandle):
         self.proc.pid = message.get("pid")
         self._mark_ready(message, self._pull_loop(), "pull")
 
-    def _send(self, message: dict) -> None:
-        self.proc.actor.push.remote(message)
+    def _encode(self, message: dict):
+        encode_frame(message)  # Ray carries the dict itself; refuse what a pipe would refuse
+        return message
+
+    def _write(self, payload) -> None:
+        self.proc.actor.push.remote(payload)
 
     async def _pull_loop(self) -> None:
         import ray

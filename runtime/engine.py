@@ -169,7 +169,7 @@ class LLMEngine:
     def _check_finish(self, request: Request, token: int) -> RequestStatus | None:
         params = request.params
         is_eos = not params.ignore_eos and token in self.eos_token_ids
-        if token in params.stop_token_ids or is_eos:
+        if token in params.stop_token_set or is_eos:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
         if request.detokenizer.stopped:

@@ -8,6 +8,16 @@ from runtime.errors import InvalidRequestError
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+# torch generators accept seeds in this inclusive range (and orjson encodes exactly it)
+MIN_SEED, MAX_SEED = -(1 << 63), (1 << 64) - 1
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice `index` of an n-choice request: distinct per choice, reproducible,
+    and always inside the generator's range (near the top it wraps round to small seeds)."""
+    derived = seed + index
+    return derived - (1 << 64) if derived > MAX_SEED else derived
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         self._validate()
+        # the engine tests every generated token against these: a set, not a scan
+        object.__setattr__(self, "stop_token_set", frozenset(self.stop_token_ids))
 
     @property
     def is_greedy(self) -> bool:
@@ -74,14 +86,19 @@ class SamplingParams:
                       f"must be in (0, 10], got {self.repetition_penalty}")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise bad("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", f"must be an integer, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int)
+                                      or not MIN_SEED <= self.seed <= MAX_SEED):
+            raise bad("seed", f"must be an integer in [{MIN_SEED}, {MAX_SEED}], "
+                              f"got {self.seed!r:.40}")
         if len(self.stop) > MAX_STOP_STRINGS:
             raise bad("stop", f"allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for s in self.stop:
             if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
                 raise bad("stop", f"strings must be non-empty and at most "
                                   f"{MAX_STOP_STRING_CHARS} characters, got {s!r:.40}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise bad("stop_token_ids", f"allows at most {MAX_STOP_TOKEN_IDS} ids, "
+                                        f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad("stop_token_ids", f"must be non-negative integers, got {t!r}")

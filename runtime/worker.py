@@ -54,6 +54,7 @@ class Worker:
         self.out = out_stream
         self.commands: queue.Queue = queue.Queue()
         self.running = True
+        self.exit_code = 0
         self.device = DeviceStats(engine.info().get("device", "cpu"))
         self.disagg = None  # runtime.disagg.Disagg when the worker may move KV
 
@@ -71,16 +72,26 @@ class Worker:
                 "tokenizer": self.engine.tokenizer.to_json()}
 
     def read_commands(self, in_stream) -> None:
-        while True:
-            message = read_frame_blocking(in_stream)
-            self.commands.put(message if message is not None else {"type": "shutdown"})
-            if message is None or message["type"] == "shutdown":
-                return
+        """Queue every frame from the gateway. A frame that cannot be read ends the worker
+        (exit 1): a worker whose reader died would look alive and ignore every command,
+        while a dead one is noticed and replaced at once."""
+        try:
+            while True:
+                message = read_frame_blocking(in_stream)
+                self.commands.put(message if message is not None else {"type": "shutdown"})
+                if message is None or message["type"] == "shutdown":
+                    return
+        except Exception as exc:  # noqa: BLE001 - see above
+            self.commands.put({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
 
     def apply(self, message: dict) -> None:
         kind = message["type"]
         if kind == "shutdown":
             self.running = False
+        elif kind == "fatal":
+            print(f"worker: unreadable frame from the gateway ({message['error']}); exiting",
+                  file=sys.stderr)
+            self.running, self.exit_code = False, 1
         elif kind == "abort":
             final = self.engine.abort_request(message["id"])
             if self.disagg is not None:
@@ -204,7 +215,7 @@ def main(argv=None) -> int:
     tune_gc_for_serving()
     threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
     worker.loop()
-    return 0
+    return worker.exit_code
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ def free_port() -> int:
 
 
 class GatewayProcess:
+    admin_key: str | None = None  # sent on /metrics and /ready when the gateway has keys
+
     def __init__(self, *flags: str, ready_timeout: float = 240.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -27,9 +29,12 @@ class GatewayProcess:
             env=env, stdout=self.log, stderr=self.log, start_new_session=True)
         self.wait_ready(ready_timeout)
 
-    def get(self, path: str) -> tuple[int, bytes]:
+    def get(self, path: str, key: str | None = None) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+            with urllib.request.urlopen(urllib.request.Request(self.url + path,
+                                                               headers=headers),
+                                        timeout=5) as r:
                 return r.status, r.read()
         except urllib.error.HTTPError as e:
             return e.code, e.read()
@@ -54,7 +59,7 @@ class GatewayProcess:
     def metrics(self, names) -> dict[str, float]:
         """Sums of several metrics' samples from one read of /metrics (0 when absent)."""
         out = dict.fromkeys(names, 0.0)
-        for line in self.get("/metrics")[1].decode().splitlines():
+        for line in self.get("/metrics", self.admin_key)[1].decode().splitlines():
             for name in names:
                 if line.startswith(name + "{") or line.startswith(name + " "):
                     out[name] += float(line.rsplit(" ", 1)[1])

@@ -124,7 +124,8 @@ def test_too_large_body_unknown_route_and_method(gw):
     async def main():
         async with aiohttp.ClientSession() as s:
             big = b'{"prompt": "' + b"x" * (5 << 20) + b'"}'
-            async with s.post(gw.url + "/v1/completions", data=big) as r:
+            async with s.post(gw.url + "/v1/completions", data=big,
+                              headers={"Content-Type": "application/json"}) as r:
                 large = (r.status, await r.json())
             async with s.get(gw.url + "/v1/nothing") as r:
                 missing = (r.status, await r.json())

@@ -63,17 +63,20 @@ def test_token_buckets_wait_and_refund():
     clock = Clock()
     limiter = RateLimiter(clock)
     tenant = Tenant("t", requests_per_minute=2, tokens_per_minute=600)
-    assert limiter.check(tenant, 100) == 0 and limiter.check(tenant, 100) == 0
-    assert limiter.check(tenant, 100) == pytest.approx(30.0)  # a request refills in 30 s
+    def take(tokens):  # what admission does: the request first, then its tokens
+        return limiter.take_request(tenant) or limiter.take_tokens(tenant, tokens)
+
+    assert take(100) == 0 and take(100) == 0
+    assert limiter.take_request(tenant) == pytest.approx(30.0)  # a request refills in 30 s
     clock.t += 30  # one request and 300 tokens back (capped at 600)
-    assert limiter.check(tenant, 450) == 0  # leaves 150 tokens and no request
+    assert take(450) == 0  # leaves 150 tokens and no request
     clock.t += 30
-    assert limiter.check(tenant, 450) == pytest.approx(0.0)  # 150 + 300 = 450
+    assert take(450) == pytest.approx(0.0)  # 150 + 300 = 450
     clock.t += 60
-    limiter.check(tenant, 500)  # 600 - 500 = 100 left
+    limiter.take_tokens(tenant, 500)  # 600 - 500 = 100 left
     limiter.refund(tenant, 200)  # the request used less than it was charged
     assert limiter.buckets(tenant)[1].level == pytest.approx(300)
-    assert limiter.check(Tenant("u", tokens_per_minute=10), 11) == float("inf")
+    assert limiter.take_tokens(Tenant("u", tokens_per_minute=10), 11) == float("inf")
 
 
 def test_fair_share_interleaves_by_weight():

@@ -2,8 +2,9 @@
 
 Every test that uses a gateway fixture ends with `Gateway.assert_baseline()`: the server
 answers /health and /ready, a normal request still succeeds, and nothing is left behind:
-no running request, no KV block in use, an empty queue, no budget reserved, every worker
-alive, and every ledger row whole (costs add up, a known status). Each gateway here runs the
+no running request, no KV block in use, an empty queue, no budget reserved, no request slot
+counted on a worker, no open charge, every worker alive, the dispatch loop ticking, and every
+ledger row whole (costs add up, a known status). Each gateway here runs the
 deterministic fake engine on loopback; nothing here leaves the machine.
 """
 from __future__ import annotations
@@ -25,13 +26,14 @@ from tests.gateway.server import GatewayProcess
 SOAK = bool(os.environ.get("RELIABILITY_SOAK"))
 PRICES = PriceBook.preset("seed")
 
-# tenant -> settings; (secret, tenant, admin, revoked)
+# tenant -> settings; (secret, tenant, admin, revoked[, may read /metrics])
 TENANTS = {"alpha": {}, "beta": {}, "storm": {}, "vip": {"priority": -10}, "ops": {},
-           "sharer": {"shared_cache": "true"}}
+           "sharer": {"shared_cache": "true"}, "metered": {"requests_per_minute": 3}}
 KEYS = [("sk-alpha", "alpha", False, False), ("sk-beta", "beta", False, False),
         ("sk-storm", "storm", False, False), ("sk-vip", "vip", False, False),
         ("sk-admin", "ops", True, False), ("sk-revoked", "alpha", False, True),
-        ("sk-sharer", "sharer", False, False)]
+        ("sk-sharer", "sharer", False, False), ("sk-metered", "metered", False, False),
+        ("sk-prometheus", "ops", False, False, True)]
 STATUSES = {"ok", "cancelled", "error", "rejected"}
 
 
@@ -45,6 +47,8 @@ def auth(key: str | None) -> dict:
 
 class Gateway(GatewayProcess):
     """A gateway subprocess with keys and a ledger, and the checks the suite needs."""
+
+    admin_key = "sk-admin"
 
     def __init__(self, tmp_path, *flags: str, workers: int = 1):
         self.ledger_path = str(tmp_path / "ledger.sqlite3")
@@ -60,12 +64,13 @@ class Gateway(GatewayProcess):
 
     # ---- observables --------------------------------------------------------------------
     def ready_info(self) -> dict:
-        return json.loads(self.get("/ready")[1])
+        return json.loads(self.get("/ready", self.admin_key)[1])
 
     def gauges(self) -> dict:
         names = ("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                  "inferstack:gateway_queue_length", "inferstack:budget_reserved_usd",
-                 "inferstack:workers_alive")
+                 "inferstack:workers_alive", "inferstack:dispatcher_alive",
+                 "inferstack:worker_slots_in_use", "inferstack:open_charges")
         return self.metrics(names)
 
     def rss_bytes(self) -> int:
@@ -94,7 +99,10 @@ class Gateway(GatewayProcess):
         ok = (g["vllm:num_requests_running"] == 0 and g["vllm:kv_cache_usage_perc"] == 0
               and g["inferstack:gateway_queue_length"] == 0
               and abs(g["inferstack:budget_reserved_usd"]) < 1e-12
-              and g["inferstack:workers_alive"] == self.workers)
+              and g["inferstack:workers_alive"] == self.workers
+              and g["inferstack:dispatcher_alive"] == 1
+              and g["inferstack:worker_slots_in_use"] == 0
+              and g["inferstack:open_charges"] == 0)
         return ok, g
 
     def assert_baseline(self, timeout: float = 20.0) -> None:

@@ -88,7 +88,7 @@ def test_disconnect_storm(gw):
     assert any(r["output_tokens"] > 0 for r in cut)  # and some mid-decode
     # the revenue the gateway reports for the tenant reconciles with its ledger rows
     revenue = sum(float(line.rsplit(" ", 1)[1]) for line in
-                  gw.get("/metrics")[1].decode().splitlines()
+                  gw.get("/metrics", gw.admin_key)[1].decode().splitlines()
                   if line.startswith("inferstack:revenue_usd_total{")
                   and 'tenant="storm"' in line)
     ledger = sum(r["cost_total"] for r in gw.ledger_rows("tenant = 'storm'"))
