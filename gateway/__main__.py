@@ -3,7 +3,7 @@
 SIGTERM (or SIGINT) drains: new requests get 503 and /ready turns 503 at once, requests in
 flight may finish within `drain_timeout_seconds`, then the workers close, the ledger is
 flushed and the process exits 0. A second signal aborts at once: workers are killed, the
-rows already settled are flushed, and the process exits 1.
+rows already settled are flushed, and the process exits 1. SIGHUP rereads the key file.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from aiohttp import web
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.http_protocol import GatewayRunner
+from gateway.key_reload import KeyReloader
 from gateway.state import STATE
 from runtime.gc_tuning import tune_gc_for_serving
 
@@ -49,6 +50,8 @@ async def serve(config) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown, sig)
+    if config.keys_file:  # without one, SIGHUP keeps its default action
+        loop.add_signal_handler(signal.SIGHUP, KeyReloader(state, config.keys_file))
     runner = GatewayRunner(app, header_timeout=config.header_timeout_seconds,
                            keepalive_timeout=config.idle_timeout_seconds,
                            handler_cancellation=True, access_log=None, shutdown_timeout=1.0)

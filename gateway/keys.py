@@ -18,7 +18,8 @@
     metrics = false                   # may read /metrics (a key for Prometheus; admins may too)
     revoked = false
 
-A malformed file stops the start with a message that names the line.
+A malformed file stops the start with a message that names the line. SIGHUP rereads the file
+(`gateway/key_reload.py`); a malformed one then keeps the keys in use.
 """
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ class KeyStore:
     def __init__(self, keys: list[ApiKey]):
         self._by_hash = {k.sha256: k for k in keys}
         self.tenants = {k.tenant.name: k.tenant for k in keys}
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._by_hash)
 
     def lookup(self, presented: str) -> ApiKey | None:
         """The key for a presented secret, or None (unknown or revoked)."""
@@ -163,9 +168,10 @@ def _key(k: dict, tenants: dict, where: str) -> ApiKey:
     if not isinstance(digest, str) or not re.fullmatch(r"[0-9a-f]{64}", digest):
         raise KeyFileError(f"{where}: sha256 must be 64 lowercase hex characters "
                            f"(python -m gateway.keys hash KEY)")
-    tenant = tenants.get(k.get("tenant"))
+    name = k.get("tenant")
+    tenant = tenants.get(name) if isinstance(name, str) else None  # a list is unhashable
     if tenant is None:
-        raise KeyFileError(f"{where}: tenant {k.get('tenant')!r} is not defined "
+        raise KeyFileError(f"{where}: tenant {name!r} is not defined "
                            f"under [tenants]")
     for flag in ("admin", "revoked", "metrics"):
         if not isinstance(k.get(flag, False), bool):

@@ -5,12 +5,17 @@ Rows are written by one background thread, so the event loop never waits on the 
 are committed in batches, one future callback per batch), so an answer can wait for its row:
 with WAL, a committed row survives the gateway being killed. `flush()` waits until every
 queued row is committed. Reads use their own connection.
+
+The ledger names tenants and what they spent, so its files are the owner's only (0600):
+SQLite gives the -wal and -shm files the database file's mode, so that file is created 0600
+before SQLite first opens it.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import operator
+import os
 import queue
 import sqlite3
 import threading
@@ -63,6 +68,7 @@ class LedgerRow:
 class Ledger:
     def __init__(self, path: str):
         self.path = path
+        _create_private(path)
         with self._connect() as db:
             db.executescript(SCHEMA)
         self._rows: queue.Queue = queue.Queue()
@@ -158,6 +164,28 @@ class Ledger:
     def rows(self) -> list[LedgerRow]:
         with self._connect() as db:
             return [LedgerRow(*r) for r in db.execute("SELECT * FROM requests").fetchall()]
+
+
+def _create_private(path: str) -> None:
+    """Create the database file 0600 (and a new folder for it 0700), whatever the umask, and
+    tighten an existing database, -wal or -shm file that group or others could read."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+    _tighten(path, create=True)
+    for suffix in ("-wal", "-shm"):  # left by an earlier run under the old mode
+        try:
+            _tighten(path + suffix)
+        except FileNotFoundError:
+            pass
+
+
+def _tighten(path: str, create: bool = False) -> None:
+    flags = os.O_RDWR | os.O_CREAT if create else os.O_RDONLY
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o600)  # the umask can only narrow 0600
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # by descriptor: the file checked is the file changed
+    finally:
+        os.close(fd)
 
 
 def _resolve(futures: list, error: Exception | None) -> None:

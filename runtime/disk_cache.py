@@ -5,6 +5,9 @@ bytes and a BLAKE2b checksum of all that precedes it. A truncated or corrupted f
 checksum and is deleted, never served. Writes run on a background thread behind a bounded
 queue, so the step loop never waits for the disk (a full queue drops the write). Any I/O
 failure degrades to a cache miss with one logged warning per kind of failure.
+
+Blocks hold tenants' prompts as KV, so every file is the owner's only (0600, a folder created
+here 0700), whatever the process umask.
 """
 from __future__ import annotations
 
@@ -55,6 +58,12 @@ def decode_block(data: bytes) -> tuple[tuple[int, ...], torch.Tensor]:
     payload = bytearray(body[12 + n:])
     kv = torch.frombuffer(payload, dtype=getattr(torch, header["dtype"])).view(header["shape"])
     return tuple(header["tokens"]), kv
+
+
+def _make_private(entry: os.DirEntry) -> None:
+    """Tighten a block file written before files were private (or copied in with a wider mode)."""
+    if entry.stat().st_mode & 0o077:
+        os.chmod(entry.path, 0o600)
 
 
 class DiskKVCache:
@@ -145,9 +154,11 @@ class DiskKVCache:
     def _write(self, block_hash: bytes, tokens: tuple[int, ...], kv: torch.Tensor) -> None:
         data = encode_block(tokens, kv)
         path = self._path(block_hash)
-        tmp = f"{path}.{threading.get_ident()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            # O_EXCL: a stale file of this name would keep its old, perhaps looser, mode
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except OSError as exc:
@@ -167,13 +178,14 @@ class DiskKVCache:
     # ---- housekeeping -------------------------------------------------------------------
     def _open_folder(self) -> bool:
         try:
-            os.makedirs(self.folder, exist_ok=True)
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
             entries = [e for e in os.scandir(self.folder) if e.name.endswith(SUFFIX)]
         except OSError as exc:
             self._warn("folder", f"KV cache folder {self.folder} unusable ({exc}); disk tier off")
             return False
         for e in sorted(entries, key=lambda e: e.stat().st_mtime):
             try:
+                _make_private(e)
                 self._index[bytes.fromhex(e.name[:-len(SUFFIX)])] = e.stat().st_size
                 self.stats.bytes_used += e.stat().st_size
             except (ValueError, OSError):
