@@ -58,8 +58,10 @@ class StreamGuard:
     async def _loop(self) -> None:
         while True:
             since = self._pending_since()
-            if since is None:
+            if since is None:  # also look again within half the send timeout of a new write
                 wake = self.last + self.interval
+                if self.send_timeout:
+                    wake = min(wake, time.monotonic() + self.send_timeout / 2)
             else:  # a write is waiting on the client: the stream is stuck, not quiet
                 wake = since + (self.send_timeout or self.interval)
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
@@ -142,10 +144,9 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
                 for _ in delta.token_ids:
                     itl.observe(gap)
             last = now
-        await pinger.stop()
         await wait_committed(gen)  # the bill is durable before the client sees it final
         out = await ensure_open()
-        await out.send_all(chunker.usage(usage_of(gen)), done=True)
+        await out.send_all(chunker.usage(usage_of(gen)), done=True)  # still guarded
         _observe(state, gen)
         return out.response
     except APIError as exc:

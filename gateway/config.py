@@ -91,7 +91,7 @@ class GatewayConfig:
         if self.ledger_path:
             return self.ledger_path
         base = os.environ.get("INFERSTACK_CACHE_DIR") or os.path.expanduser("~/.cache/inferstack")
-        os.makedirs(base, exist_ok=True)
+        os.makedirs(base, mode=0o700, exist_ok=True)  # the ledger names tenants and money
         return os.path.join(base, "ledger.sqlite3")
 
     def is_loopback(self) -> bool:

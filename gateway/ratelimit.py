@@ -51,7 +51,9 @@ class RateLimiter:
 
     def buckets(self, tenant) -> tuple[TokenBucket, TokenBucket]:
         pair = self._buckets.get(tenant.name)
-        if pair is None:
+        # a reloaded key file may change the limits: new limits start a fresh pair
+        if pair is None or (pair[0].capacity, pair[1].capacity) != (
+                tenant.requests_per_minute, tenant.tokens_per_minute):
             pair = (TokenBucket(tenant.requests_per_minute, self.clock),
                     TokenBucket(tenant.tokens_per_minute, self.clock))
             self._buckets[tenant.name] = pair

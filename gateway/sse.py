@@ -13,6 +13,8 @@ from collections.abc import Mapping
 import orjson
 from aiohttp import web
 
+from gateway.hard_close import hard_close
+
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"
 
@@ -59,8 +61,7 @@ class SSEStream:
         """Drop the connection now, unsent bytes included (a client that stopped reading
         would otherwise hold them, and the socket, until it reads)."""
         self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
+        hard_close(self.transport)
 
     async def send(self, obj) -> bool:
         """Send one JSON event; False when the client is gone."""

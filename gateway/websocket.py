@@ -24,6 +24,7 @@ from gateway.auth import authenticate
 from gateway.accounting import wait_committed
 from gateway.completions import usage_of
 from gateway.errors import APIError, bad_request
+from gateway.hard_close import hard_close
 from gateway.openai_api import parse_request
 from gateway.state import STATE
 from gateway.stream_chunker import StreamChunker
@@ -74,8 +75,7 @@ class Connection:
     def abort(self) -> None:
         """Close the TCP connection now, unsent frames included (a plain close would wait
         for a peer that never reads to take them)."""
-        if self.transport is not None:
-            self.transport.abort()
+        hard_close(self.transport)
 
     async def error(self, rid, exc: APIError) -> None:
         await self.send({"type": "error", "id": rid, "error": exc.body()["error"]})
