@@ -67,19 +67,22 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
 
 def _create_pd_workers(app: web.Application, state: GatewayState,
                        config: GatewayConfig) -> None:
-    """P prefill then D decode workers, joined for KV transfers by a TCPStore served here."""
+    """P prefill then D decode workers, joined for KV transfers by a TCPStore served here
+    on loopback only (or on a Ray node), their groups keyed by a secret made at each start."""
+    from runtime.kv_rendezvous import SECRET_ENV, SECRET_FLAG, new_secret, serve_store
     num_prefill, num_decode = config.pd_split()
     app[KV_METRICS] = {}
+    secret, env = new_secret(), None
     if config.ray_address:
         address = _ray_kv_store(app)
+        extra = [SECRET_FLAG, secret]  # an actor's argv is a Ray call argument, not in `ps`
     else:
-        from torch.distributed import TCPStore
-        store = TCPStore("127.0.0.1", config.kv_store_port, is_master=True,
-                         wait_for_workers=False)
+        store = serve_store("127.0.0.1", config.kv_store_port)
         app[KV_STORE] = store
         address = f"127.0.0.1:{store.port}"
+        extra, env = [], {SECRET_ENV: secret}  # in the environment, not on a command line
     argv = config.worker_argv() + ["--kv-store", address]
-    state.workers = [_worker(config, i, argv)
+    state.workers = [_worker(config, i, argv + extra, env)
                      for i in range(num_prefill + num_decode)]
     state.dispatcher = Dispatcher(state.workers[:num_prefill], state.queue,
                                   config.affinity_margin, state.workers[num_prefill:])
@@ -88,12 +91,13 @@ def _create_pd_workers(app: web.Application, state: GatewayState,
         w.on_transfer = lambda worker, message: _on_transfer(app, message)
 
 
-def _worker(config: GatewayConfig, index: int, argv: list[str]) -> WorkerHandle:
+def _worker(config: GatewayConfig, index: int, argv: list[str],
+            env: dict | None = None) -> WorkerHandle:
     if config.ray_address:
         gpus = 1 if config.device.startswith("cuda") else 0
         return RayWorkerHandle(index, argv, config.worker_ready_timeout,
                                num_cpus=config.threads(), num_gpus=gpus)
-    return WorkerHandle(index, argv, ready_timeout=config.worker_ready_timeout)
+    return WorkerHandle(index, argv, env=env, ready_timeout=config.worker_ready_timeout)
 
 
 def _connect_ray(config: GatewayConfig) -> None:

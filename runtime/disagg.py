@@ -11,10 +11,12 @@ the prompt itself. An abort on either side frees that side's blocks at once; tra
 already posted run to completion into staging buffers that are then dropped.
 
 Each (prefill process, decode process) pair shares a two-rank gloo group made on first use
-through the gateway's TCPStore under the key "<prefill pid>-<decode pid>", so a restarted
-worker gets fresh groups. Sends and receives run on two threads; they follow the gateway's
-order of transfers, so they cannot deadlock. Results come back to the worker's main thread
-as internal messages on its command queue; only the main thread touches the engine.
+through the gateway's TCPStore for the pair key "<prefill pid>-<decode pid>", so a restarted
+worker gets fresh groups. The group is namespaced, sealed and checked with the gateway's
+secret (`INFERSTACK_KV_SECRET`; runtime/kv_rendezvous.py): no client without it can join.
+Sends and receives run on two threads; they follow the gateway's order of transfers, so
+they cannot deadlock. Results come back to the worker's main thread as internal messages on
+its command queue; only the main thread touches the engine.
 
 gateway -> worker   {"type": "add", ..., "prefill_only": true}
                     {"type": "export", "id", "key", "tag"}
@@ -34,6 +36,8 @@ import time
 
 import torch
 
+from runtime.kv_rendezvous import open_group, secret_from_env
+
 log = logging.getLogger(__name__)
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
@@ -43,12 +47,13 @@ TAG_STRIDE = 4096  # tags of a transfer: tag * TAG_STRIDE, then + 1 + block inde
 class KVTransport:
     """Point-to-point block transfers between worker processes, on two threads."""
 
-    def __init__(self, store_address: str, post):
+    def __init__(self, store_address: str, post, secret: str | None = None):
         host, port = store_address.rsplit(":", 1)
         self.host, self.port = host, int(port)
+        self.secret = secret or secret_from_env()
         self.post = post  # puts an internal message on the worker's command queue
         self._store = None
-        self._groups: dict[str, object] = {}
+        self._groups: dict[str, tuple] = {}  # pair key -> (group, its sealed store)
         self._lock = threading.Lock()
         self.sends: queue.Queue = queue.Queue()
         self.recvs: queue.Queue = queue.Queue()
@@ -63,12 +68,11 @@ class KVTransport:
                 self._store = dist.TCPStore(self.host, self.port, is_master=False,
                                             timeout=GROUP_TIMEOUT)
             store = self._store
-        pg = self._groups.get(key)
-        if pg is None:
-            pg = dist.ProcessGroupGloo(dist.PrefixStore(f"kv/{key}", store), rank, 2,
-                                       GROUP_TIMEOUT)
-            self._groups[key] = pg
-        return pg
+        entry = self._groups.get(key)
+        if entry is None:
+            entry = open_group(store, self.secret, key, rank, self.host, GROUP_TIMEOUT)
+            self._groups[key] = entry
+        return entry[0]
 
     def drop(self, key: str) -> None:
         self._groups.pop(key, None)

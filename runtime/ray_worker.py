@@ -5,6 +5,9 @@ pipe cross Ray calls instead: `push` queues commands in order (a one-thread conc
 group), `pull` returns the frames written since the last call (waiting up to `timeout`
 seconds for one). Ray places the actor (GPU resource requests where the device is CUDA) on
 any node; every node needs this repository at the same path (PYTHONPATH is set by the gateway).
+In PD mode the gateway's KV-transfer secret comes as `--kv-secret` in the actor's argv (a Ray
+call argument, seen by no `ps`) and goes into the actor's own environment, where a pipe
+worker finds it too.
 """
 from __future__ import annotations
 
@@ -32,7 +35,11 @@ class _FrameQueue:
 
 class RayWorker:
     def __init__(self, argv: list[str]):
+        from runtime.kv_rendezvous import SECRET_ENV, pop_secret_flag
         from runtime.worker import Worker, build_engine, parse_args
+        argv, secret = pop_secret_flag(argv)
+        if secret:
+            os.environ[SECRET_ENV] = secret  # this actor's process is this worker's alone
         args = parse_args(argv)
         self.out = _FrameQueue()
         self.worker = Worker(build_engine(args), self.out)
@@ -63,12 +70,14 @@ class RayWorker:
 
 
 class KVStoreHost:
-    """Hosts the TCPStore of KV-transfer groups on a cluster node (Ray finds it by name)."""
+    """Hosts the TCPStore of KV-transfer groups on a cluster node, listening on the node's
+    IP as Ray knows it (the address workers are told), not on every interface."""
 
     def __init__(self):
-        from torch.distributed import TCPStore
-        self.store = TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
-        self.address = f"{ray.util.get_node_ip_address()}:{self.store.port}"
+        from runtime.kv_rendezvous import serve_store  # torch, in this actor only
+        host = ray.util.get_node_ip_address()
+        self.store = serve_store(host)
+        self.address = f"{host}:{self.store.port}"
 
     def get_address(self) -> str:
         return self.address

@@ -2,12 +2,13 @@
 frames in through each worker's command queue, frames out collected per request."""
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
+from unittest import mock
 
-import torch.distributed as dist
-
+from runtime.kv_rendezvous import SECRET_ENV, new_secret, serve_store
 from runtime.protocol import decode_body
 from runtime.worker import Worker
 
@@ -40,16 +41,19 @@ class FrameSink:
 
 
 class Pair:
-    """A prefill worker and a decode worker sharing a TCPStore, each on its own thread."""
+    """A prefill worker and a decode worker sharing a TCPStore and the gateway's secret (in
+    the environment, as the gateway gives it), each on its own thread."""
 
     def __init__(self, make_engine):
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.store = serve_store("127.0.0.1")
+        self.secret = new_secret()
         address = f"127.0.0.1:{self.store.port}"
         self.sinks = {"p": FrameSink(), "d": FrameSink()}
         self.workers = {}
         for side in ("p", "d"):
             w = Worker(make_engine(), self.sinks[side])
-            w.enable_disagg(address)
+            with mock.patch.dict(os.environ, {SECRET_ENV: self.secret}):
+                w.enable_disagg(address)
             self.workers[side] = w
             threading.Thread(target=w.loop, daemon=True).start()
         self.tags = iter(range(1, 1 << 19))
