@@ -205,14 +205,20 @@ def _wait_settled(server: Gateway, timeout: float) -> None:
         time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def stalls(tmp_path_factory):
-    """Cut after 2 s without progress; a per-request buffer too large to matter."""
-    server = Gateway(tmp_path_factory.mktemp("stall"), "--fake-step-ms", "1",
-                     "--send-timeout-seconds", "2", "--stream-buffer-bytes", str(256 << 20))
+def _limits_gateway(tmp_path_factory, send_timeout: int, buffer_bytes: int):
+    """A dedicated gateway with these limits, checked for leaks when its module is done."""
+    server = Gateway(tmp_path_factory.mktemp("limits"), "--fake-step-ms", "1",
+                     "--send-timeout-seconds", str(send_timeout),
+                     "--stream-buffer-bytes", str(buffer_bytes))
     yield server
     server.assert_baseline()
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def stalls(tmp_path_factory):
+    """Cut after 2 s without progress; a per-request buffer too large to matter."""
+    yield from _limits_gateway(tmp_path_factory, 2, 256 << 20)
 
 
 def test_sse_clients_that_stop_reading_are_cut_and_billed(stalls):
@@ -264,11 +270,7 @@ def test_a_websocket_peer_that_stops_reading_is_cut(stalls):
 @pytest.fixture(scope="module")
 def small_buffers(tmp_path_factory):
     """A 256 kB bound on each request's unread output, and a send timeout far away."""
-    server = Gateway(tmp_path_factory.mktemp("buffers"), "--fake-step-ms", "1",
-                     "--send-timeout-seconds", "120", "--stream-buffer-bytes", str(256 << 10))
-    yield server
-    server.assert_baseline()
-    server.stop()
+    yield from _limits_gateway(tmp_path_factory, 120, 256 << 10)
 
 
 def test_unread_output_is_bounded_per_request(small_buffers):
