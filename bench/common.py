@@ -24,6 +24,8 @@ sys.path[:] = [str(REPO_ROOT)] + [p for p in sys.path if p != str(REPO_ROOT)]
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from numeric.percentiles import percentile  # noqa: E402,F401  (the one percentile; NaN for none)
+
 
 # ---- setup ------------------------------------------------------------------------------
 def num_cores() -> int:
@@ -74,17 +76,6 @@ def best_time(fn: Callable[[], object], reps: int = 3, warmup: int = 1,
         dt = time.perf_counter() - t
         best, spent, n = min(best, dt), spent + dt, n + 1
     return best
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Linear-interpolated percentile, p in [0, 100]; NaN for no values."""
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def median(values: Sequence[float]) -> float:

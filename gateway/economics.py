@@ -136,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.deepseek_published:
         print(render(deepseek_day(), args.gpus, DEEPSEEK_PUBLISHED))
         return 0
-    prices = PriceBook.preset(args.prices) if args.prices in PRESETS else \
-        PriceBook.from_toml(args.prices)
+    prices = PriceBook.load(args.prices)
     if args.gpu_cost_per_hour is not None:
         prices = PriceBook(prices.cache_hit_input, prices.cache_miss_input, prices.output,
                            args.gpu_cost_per_hour, prices.windows, prices.name)

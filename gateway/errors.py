@@ -62,12 +62,6 @@ def rate_limited(message: str, retry_after_s: float | None = None) -> APIError:
                     headers=_retry_after(retry_after_s))
 
 
-def overloaded(message: str = "the server is overloaded; retry shortly",
-               retry_after_s: float | None = None) -> APIError:
-    return APIError(503, message, "server_error", code="overloaded",
-                    headers=_retry_after(retry_after_s))
-
-
 def server_error(message: str = "internal server error") -> APIError:
     return APIError(500, message, "server_error")
 

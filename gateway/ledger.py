@@ -161,10 +161,6 @@ class Ledger:
         with self._connect() as db:
             return [dict(zip(names, r)) for r in db.execute(sql, args).fetchall()]
 
-    def rows(self) -> list[LedgerRow]:
-        with self._connect() as db:
-            return [LedgerRow(*r) for r in db.execute("SELECT * FROM requests").fetchall()]
-
 
 def _create_private(path: str) -> None:
     """Create the database file 0600 (and a new folder for it 0700), whatever the umask, and

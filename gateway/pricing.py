@@ -79,6 +79,11 @@ class PriceBook:
         return cls(*PRESETS[name], gpu_cost_per_hour=gpu_cost_per_hour, name=name)
 
     @classmethod
+    def load(cls, spec: str) -> "PriceBook":
+        """A preset's name (seed | deepseek-v3 | deepseek-r1) or the path of a price-book TOML."""
+        return cls.preset(spec) if spec in PRESETS else cls.from_toml(spec)
+
+    @classmethod
     def from_toml(cls, path: str) -> "PriceBook":
         try:
             with open(path, "rb") as fh:
@@ -110,9 +115,6 @@ class PriceBook:
             if w.contains(minute):
                 return w.multiplier
         return 1.0
-
-    def max_multiplier(self) -> float:
-        return max([1.0] + [w.multiplier for w in self.windows])
 
     def cost(self, hit_tokens: int, miss_tokens: int, output_tokens: int,
              multiplier: float = 1.0) -> Cost:

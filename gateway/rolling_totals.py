@@ -1,5 +1,6 @@
 """Recent amounts for the live snapshot: cache hits and misses and dollars over the last
-minute or hour, and latency percentiles over the last five minutes.
+minute or hour, and the latencies of the last five minutes (the snapshot takes their
+percentiles with `numeric.percentiles`).
 
 Memory and the cost of a snapshot stay bounded whatever the request rate: amounts are summed
 into one-second buckets (at most an hour of them), and latencies keep only the newest
@@ -63,10 +64,3 @@ class RollingTotals:
             if i is not None:
                 itl.append(i)
         return ttft, itl
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

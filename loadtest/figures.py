@@ -21,6 +21,7 @@ from loadtest.pricing import PriceBook, request_cost
 from loadtest.record import RequestRecord
 from loadtest.slo import SLO
 from loadtest.stats import summarize
+from numeric.percentiles import percentile
 
 MS = 1000.0
 
@@ -147,8 +148,4 @@ def timeseries(records: list[RequestRecord], bucket: float = 1.0) -> dict:
 
 
 def _median(xs: list[float]) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+    return percentile(xs, 50) if xs else None  # None, not NaN: it goes into JSON

@@ -8,7 +8,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from loadtest.stats import percentile
+from numeric.percentiles import percentile
 
 
 def running_line(runner) -> str:

@@ -1,7 +1,8 @@
-"""Percentiles and distribution summaries: plain arithmetic, documented interpolation.
+"""Distribution summaries: plain arithmetic, with the documented interpolation.
 
-Percentiles use linear interpolation between closest ranks (numpy's default "linear" method):
-for sorted values v[0..n-1] and percentile p, the rank is r = p/100 * (n - 1) and the result is
+Percentiles are `numeric.percentiles.percentile`, the one the gateway's live feed uses too:
+linear interpolation between closest ranks (numpy's default "linear" method): for sorted values
+v[0..n-1] and percentile p, the rank is r = p/100 * (n - 1) and the result is
 v[floor(r)] + (v[ceil(r)] - v[floor(r)]) * (r - floor(r)).
 """
 from __future__ import annotations
@@ -9,19 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from numeric.percentiles import percentile
+
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
-
-
-def percentile(sorted_values: Sequence[float], p: float) -> float:
-    """The p-th percentile (0..100) of already sorted values; NaN when there are none."""
-    n = len(sorted_values)
-    if n == 0:
-        return math.nan
-    if not 0.0 <= p <= 100.0:
-        raise ValueError(f"percentile {p} is outside 0..100")
-    rank = p / 100.0 * (n - 1)
-    lo, hi = math.floor(rank), math.ceil(rank)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo)
 
 
 def pkey(p: float) -> str:

@@ -8,8 +8,9 @@ from loadtest.figures import figures
 from loadtest.pricing import PriceBook, request_cost
 from loadtest.record import RequestRecord
 from loadtest.slo import SLO
-from loadtest.stats import percentile, summarize
+from loadtest.stats import summarize
 from loadtest.stream import spread_usage
+from numeric.percentiles import percentile
 
 
 def test_percentile_linear_interpolation():

@@ -19,14 +19,10 @@ import time
 import aiohttp
 import pytest
 
+from numeric.percentiles import percentile
 from tests.reliability.conftest import auth
 
 USERS = 6  # of 8 slots: about 70% of capacity
-
-
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 async def user(s, url, rng, stop, records):
@@ -121,8 +117,8 @@ def run_soak(tmp_path, minutes: float, strict: bool) -> None:
     rss_end = statistics.median(v for _, v in rss[-fifth:])
     report = {"minutes": minutes, "requests": len(records), "errors": len(errors),
               "requests_per_second": round(len(records) / span, 1),
-              "p50_s": round(percentile([v for _, v in lat], 0.5), 4),
-              "p99_s_by_third": [round(percentile(t, 0.99), 4) for t in thirds],
+              "p50_s": round(percentile([v for _, v in lat], 50), 4),
+              "p99_s_by_third": [round(percentile(t, 99), 4) for t in thirds],
               "rss_mib_start": round(rss_start / 2**20, 1),
               "rss_mib_end": round(rss_end / 2**20, 1),
               "rss_growth_pct": round(100 * (rss_end - rss_start) / rss_start, 2)}
