@@ -15,7 +15,7 @@ from gateway.snapshot import SnapshotBuilder
 from gateway.telemetry import Telemetry
 from gateway.keys import KeyStore
 from gateway.ledger import Ledger
-from gateway.pricing import PRESETS, PriceBook
+from gateway.pricing import PriceBook
 from gateway.dispatch import Dispatcher
 from gateway.browser_guard import browser_guard
 from gateway.http_errors import error_middleware
@@ -25,6 +25,7 @@ from gateway.routes import add_routes
 from gateway.service import GenerationService
 from gateway.state import STATE, GatewayState
 from gateway.worker_client import RayWorkerHandle, WorkerHandle, supervise
+from runtime.protocol import Ready, TransferDone
 from runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
                          for i in range(config.workers)]
         state.dispatcher = Dispatcher(state.workers, state.queue, config.affinity_margin)
     state.keys = KeyStore.from_toml(config.keys_file) if config.keys_file else None
-    state.accounting = Accounting(load_prices(config.prices),
+    state.accounting = Accounting(PriceBook.load(config.prices),
                                   Ledger(config.resolved_ledger_path()),
                                   FairShare(config.fair_share_tokens_per_second))
     state.feed = FeedHub()
@@ -126,12 +127,12 @@ def _ray_kv_store(app: web.Application) -> str:
     return ray.get(host.get_address.remote(), timeout=120)
 
 
-def _on_transfer(app: web.Application, message: dict) -> None:
+def _on_transfer(app: web.Application, done: TransferDone) -> None:
     """A decode worker finished receiving a request's prompt KV."""
     metrics = app.get(KV_METRICS)
     if metrics:
-        metrics["seconds"].observe(message["seconds"])
-        metrics["bytes"].inc(message["bytes"])
+        metrics["seconds"].observe(done.seconds)
+        metrics["bytes"].inc(done.bytes)
 
 
 async def _lifecycle(app: web.Application):
@@ -196,10 +197,6 @@ def _on_output(state: GatewayState, out: dict) -> None:
         state.dispatcher.notify()  # a slot is free
 
 
-def load_prices(spec: str) -> PriceBook:
-    return PriceBook.preset(spec) if spec in PRESETS else PriceBook.from_toml(spec)
-
-
 def _on_worker_ready(app: web.Application, state: GatewayState,
                      worker: WorkerHandle) -> None:
     if state.service is None:
@@ -218,13 +215,13 @@ def _on_worker_ready(app: web.Application, state: GatewayState,
     state.dispatcher.notify()
 
 
-def _become_ready(state: GatewayState, info: dict) -> None:
-    tokenizer = Tokenizer.from_json(info["tokenizer"])
-    state.model_name = info["model"]
-    state.accounting.model = info["model"]
-    state.metrics = GatewayMetrics(info["model"])
+def _become_ready(state: GatewayState, info: Ready) -> None:
+    tokenizer = Tokenizer.from_json(info.tokenizer)
+    state.model_name = info.model
+    state.accounting.model = info.model
+    state.metrics = GatewayMetrics(info.model)
     state.accounting.on_settle.append(state.metrics.observe_settled)
-    state.service = GenerationService(tokenizer, state.dispatcher, info["max_model_len"],
-                                      info["vocab_size"], state.config.default_max_tokens,
+    state.service = GenerationService(tokenizer, state.dispatcher, info.max_model_len,
+                                      info.vocab_size, state.config.default_max_tokens,
                                       state.accounting, state.config.stream_buffer_bytes)
-    log.info("serving %s from %d worker(s)", info["model"], len(state.workers))
+    log.info("serving %s from %d worker(s)", info.model, len(state.workers))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from gateway.output_stream import OutputStream
 from gateway.queue import QueueEntry, QueueFull, RequestQueue
 from gateway.worker_client import WorkerDied, WorkerHandle
+from runtime.protocol import AbortRequest, AddRequest, ExportKV, ImportKV, Output
 from runtime.sampling_params import choice_seed
 
 log = logging.getLogger(__name__)
@@ -67,11 +68,10 @@ class Job:
             params["seed"] = choice_seed(params["seed"], i)
         return params
 
-    def add_messages(self, extra: dict | None = None) -> list[dict]:
+    def add_messages(self, prefill_only: bool = False) -> list[AddRequest]:
         """The worker's "add" frame of every sub-request."""
-        return [{"type": "add", "id": sub_id, "prompt": self.prompt, "params": self.sub_params(i),
-                 "priority": self.priority, "salt": self.salt, **(extra or {})}
-                for i, sub_id in enumerate(self.sub_ids)]
+        return [AddRequest(sub_id, self.prompt, self.sub_params(i), self.priority, self.salt,
+                           prefill_only) for i, sub_id in enumerate(self.sub_ids)]
 
     def affinity_key(self) -> bytes:
         head = ",".join(map(str, self.prompt[:AFFINITY_TOKENS]))
@@ -92,7 +92,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self.decode_workers = decode_workers or []
         self.pd_jobs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.pending_handoffs: list[tuple[WorkerHandle, dict]] = []
+        self.pending_handoffs: list[tuple[WorkerHandle, Output]] = []
         self._tags = itertools.count(1)
         self.last_tick = time.monotonic()  # the loop's heartbeat, for liveness checks
         self.loop_errors = 0  # exceptions the loop caught and survived
@@ -177,9 +177,9 @@ class Dispatcher:
     def _submit(self, job: Job, worker: WorkerHandle) -> None:
         """Send every sub-request of the job, or none: the worker encodes all frames before it
         counts anything as in flight. Never raises; a failure fails this job alone."""
-        extra = {"prefill_only": True} if self.disaggregated else None
         try:
-            worker.submit(job.add_messages(extra), job.stream, job.priority, len(job.prompt))
+            worker.submit(job.add_messages(self.disaggregated), job.stream, job.priority,
+                          len(job.prompt))
         except Exception as exc:  # noqa: BLE001 - see _fail
             self._fail(job, exc)
             return
@@ -228,7 +228,7 @@ class Dispatcher:
             return None
         return min(candidates, key=lambda w: (w.kv_usage, w.num_inflight, w.index))
 
-    def handoff(self, prefill: WorkerHandle, out: dict) -> None:
+    def handoff(self, prefill: WorkerHandle, out: Output) -> None:
         """A prefill worker has a request's prompt KV and first token: move the request to a
         decode worker (or wait for one with room; the prefill worker holds the blocks)."""
         sub_id = out["id"]
@@ -247,17 +247,14 @@ class Dispatcher:
         self.pd_jobs.pop(sub_id, None)
         decode.adopt(sub_id, stream, job.priority, len(job.prompt))
         try:
-            decode.send_message({"type": "import", "id": sub_id, "prompt": job.prompt,
-                                 "output": out["tokens"], "params": params,
-                                 "priority": job.priority, "salt": job.salt,
-                                 "cached": usage[1], "timing": out["prefilled"],
-                                 "key": key, "tag": tag})
-            prefill.send_message({"type": "export", "id": sub_id, "key": key, "tag": tag})
+            decode.send_message(ImportKV(sub_id, job.prompt, out["tokens"], params, key, tag,
+                                         job.priority, job.salt, usage[1], out["prefilled"]))
+            prefill.send_message(ExportKV(sub_id, key, tag))
         except (WorkerDied, ConnectionError) as exc:
             decode.release(sub_id)
             stream.put_nowait(WorkerDied(str(exc), sub_id))
             if prefill.alive:
-                prefill.send_message({"type": "abort", "id": sub_id})
+                prefill.send_message(AbortRequest(sub_id))
 
     def choose_by_preemption(self, job: Job) -> WorkerHandle | None:
         """A worker running something strictly less urgent than this job, if any."""

@@ -19,6 +19,7 @@ from gateway.openai_responses import LogprobToken, new_id
 from gateway.output_stream import DEFAULT_LIMIT_BYTES, OutputStream
 from gateway.queue import QueueFull
 from gateway.worker_client import WorkerDied
+from runtime.protocol import Rejected
 
 
 @dataclass
@@ -225,9 +226,8 @@ class GenerationService:
     def _delta(self, gen: Generation, index: dict, item) -> ChoiceDelta | None:
         if isinstance(item, WorkerDied):
             raise server_error(f"the worker serving this request failed: {item}")
-        if item.get("type") == "rejected":
-            err = item["error"]
-            raise bad_request(err["message"], param=err.get("param"))
+        if isinstance(item, Rejected):
+            raise bad_request(item.error["message"], param=item.error.get("param"))
         i = index.get(item["id"])
         if i is None:
             return None

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 
-from gateway.rolling_totals import RollingTotals, percentile
+from gateway.rolling_totals import RollingTotals
+from numeric.percentiles import percentile
 
 
 class SnapshotBuilder:
@@ -66,7 +67,7 @@ class SnapshotBuilder:
             self._previous[w.index].update(_util=util, _cpu=cpu, _tps=tps)
         nvml = "gpu_utilisation" in s
         total = s.get("kv_blocks_total") or 0
-        return {"index": w.index, "device": w.info.get("device", "?"), "alive": w.alive,
+        return {"index": w.index, "device": w.info.device if w.info else "?", "alive": w.alive,
                 "pid": w.pid, "utilisation": s["gpu_utilisation"] if nvml else util,
                 "utilisation_source": "nvml" if nvml else "busy-fraction",
                 "cpu_percent": cpu, "memory_used_bytes": s.get("memory_used_bytes", 0),
@@ -101,5 +102,12 @@ class SnapshotBuilder:
 
     def _latency(self) -> dict:
         ttft, itl = self.rolling.recent_latencies()
-        return {"ttft_p50": percentile(ttft, 0.5), "ttft_p99": percentile(ttft, 0.99),
-                "itl_p50": percentile(itl, 0.5), "itl_p99": percentile(itl, 0.99)}
+        ttft.sort()
+        itl.sort()
+        return {"ttft_p50": _percentile(ttft, 50), "ttft_p99": _percentile(ttft, 99),
+                "itl_p50": _percentile(itl, 50), "itl_p99": _percentile(itl, 99)}
+
+
+def _percentile(values: list[float], p: float) -> float | None:
+    """The feed's percentile: None (JSON null) rather than NaN when there are no values."""
+    return percentile(values, p) if values else None

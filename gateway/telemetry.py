@@ -93,7 +93,7 @@ def _attributes(gen) -> dict:
              "finish_reason": ",".join(sorted(set(gen.finish_reasons.values()))) or "none"}
     if gen.job.worker is not None:
         attrs["worker"] = gen.job.worker.index
-        attrs["device"] = gen.job.worker.info.get("device", "")
+        attrs["device"] = gen.job.worker.info.device if gen.job.worker.info else ""
     if gen.charge is not None:
         attrs["tenant"] = gen.charge.key.tenant.name
         for k, v in gen.charge.cost.as_dict().items():

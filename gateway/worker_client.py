@@ -1,7 +1,7 @@
 """The gateway's side of one runtime worker process: spawn, talk frames, notice death, restart.
 
-Each in-flight request owns an OutputStream (gateway/output_stream.py) that receives its output dicts (see
-runtime/protocol.py), a `{"type": "rejected"}` dict, or a WorkerDied exception. A worker whose
+Each in-flight request owns an OutputStream (gateway/output_stream.py) that receives its
+`Output` dicts (see runtime/protocol.py), a `Rejected` frame, or a WorkerDied exception. A worker whose
 pipe closes is dead at once: every in-flight request gets WorkerDied, and a supervisor starts a
 fresh process with backoff while the gateway keeps serving from the others.
 """
@@ -14,7 +14,9 @@ import sys
 import time
 
 from gateway.output_stream import OutputStream
-from runtime.protocol import encode_frame, read_frame
+from runtime.protocol import (AbortRequest, AddRequest, Frame, IdleStats, ImportFailed, Output,
+                              Ready, Rejected, Shutdown, Step, TransferDone, encode_frame,
+                              read_frame)
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class WorkerHandle:
         self.env = env
         self.ready_timeout = ready_timeout
         self.proc: asyncio.subprocess.Process | None = None
-        self.info: dict = {}
+        self.info: Ready | None = None  # the worker's facts, once it said ready
         self.stats: dict = {}
         self.inflight: dict[str, OutputStream] = {}
         self.priorities: dict[str, int] = {}
@@ -64,12 +66,12 @@ class WorkerHandle:
             self.proc.kill()
             await self.proc.wait()
             raise
-        if message is None or message.get("type") != "ready":
+        if not isinstance(message, Ready):
             await self.proc.wait()
             raise RuntimeError(f"worker {self.index} did not start (exit {self.proc.returncode})")
         self._mark_ready(message, self._read_loop())
 
-    def _mark_ready(self, message: dict, reader, name: str = "reader") -> None:
+    def _mark_ready(self, message: Ready, reader, name: str = "reader") -> None:
         """The worker said ready: keep its facts, start reading its outputs, tell the app."""
         self.info = message
         self.started_at = time.monotonic()
@@ -83,7 +85,7 @@ class WorkerHandle:
         if self.proc is None or self.proc.returncode is not None:
             return
         try:
-            self._send({"type": "shutdown"})
+            self._send(Shutdown())
             await asyncio.wait_for(self.proc.wait(), timeout)
         except (asyncio.TimeoutError, ConnectionError):
             self.proc.kill()
@@ -106,7 +108,7 @@ class WorkerHandle:
         return self.proc.pid if self.proc is not None else None
 
     # ---- requests -----------------------------------------------------------------------
-    def submit(self, messages: list[dict], stream: OutputStream, priority: int,
+    def submit(self, messages: list[AddRequest], stream: OutputStream, priority: int,
                num_prompt_tokens: int) -> None:
         """Send the "add" frames of one job's sub-requests, all or none; their outputs arrive
         on `stream`. Every frame is encoded first (raising ProtocolError or TypeError for one
@@ -115,13 +117,13 @@ class WorkerHandle:
             raise WorkerDied(f"worker {self.index} is not running")
         payloads = [self._encode(m) for m in messages]
         for m in messages:
-            self.adopt(m["id"], stream, priority, num_prompt_tokens)
+            self.adopt(m.id, stream, priority, num_prompt_tokens)
         try:
             for payload in payloads:
                 self._write(payload)
         except (ConnectionError, RuntimeError) as exc:  # the pipe broke under us
             for m in messages:
-                self.release(m["id"])
+                self.release(m.id)
             raise WorkerDied(f"worker {self.index}: {exc}") from exc
 
     def adopt(self, request_id: str, stream: OutputStream, priority: int,
@@ -132,7 +134,7 @@ class WorkerHandle:
         self.prompt_tokens[request_id] = num_prompt_tokens
         self.pending_blocks += self.blocks_for(num_prompt_tokens)
 
-    def send_message(self, message: dict) -> None:
+    def send_message(self, message: Frame) -> None:
         if not self.alive:
             raise WorkerDied(f"worker {self.index} is not running")
         self._send(message)
@@ -140,7 +142,7 @@ class WorkerHandle:
     def abort(self, request_id: str) -> None:
         """Ask the worker to drop a request; its final output still arrives (and is billed)."""
         if request_id in self.inflight and self.alive:
-            self._send({"type": "abort", "id": request_id})
+            self._send(AbortRequest(request_id))
 
     def _abort_stream(self, stream) -> None:
         """A client left too much output unread: abort every request feeding its stream."""
@@ -155,8 +157,19 @@ class WorkerHandle:
 
     # ---- load ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
-        bs = self.info.get("block_size", 16)
-        return -(-num_tokens // bs)
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def block_size(self) -> int:
+        return self.info.block_size if self.info is not None else 16
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.info.max_num_seqs if self.info is not None else 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.info.num_blocks if self.info is not None else 0
 
     @property
     def num_inflight(self) -> int:
@@ -164,37 +177,37 @@ class WorkerHandle:
 
     @property
     def free_slots(self) -> int:
-        return self.info.get("max_num_seqs", 0) - len(self.inflight)
+        return self.max_num_seqs - len(self.inflight)
 
     @property
     def free_blocks(self) -> int:
-        total = self.stats.get("kv_blocks_total", self.info.get("num_blocks", 0))
+        total = self.stats.get("kv_blocks_total", self.num_blocks)
         return total - self.stats.get("kv_blocks_used", 0) - self.pending_blocks
 
     @property
     def load(self) -> float:
         """Fraction of the worker's request slots in use (0 idle, 1 full)."""
-        return len(self.inflight) / max(1, self.info.get("max_num_seqs", 1))
+        return len(self.inflight) / max(1, self.max_num_seqs)
 
     @property
     def prefill_load(self) -> float:
         """Prompt tokens in flight as a fraction of the KV capacity (prefill workers)."""
-        capacity = self.info.get("num_blocks", 0) * self.info.get("block_size", 16)
+        capacity = self.num_blocks * self.block_size
         return sum(self.prompt_tokens.values()) / max(1, capacity)
 
     @property
     def kv_usage(self) -> float:
-        total = self.stats.get("kv_blocks_total", self.info.get("num_blocks", 0))
+        total = self.stats.get("kv_blocks_total", self.num_blocks)
         return 1.0 - self.free_blocks / max(1, total)
 
     def least_urgent_priority(self) -> int | None:
         return max(self.priorities.values(), default=None)
 
     # ---- frames -------------------------------------------------------------------------
-    def _send(self, message: dict) -> None:
+    def _send(self, message: Frame) -> None:
         self._write(self._encode(message))
 
-    def _encode(self, message: dict):
+    def _encode(self, message: Frame):
         return encode_frame(message)
 
     def _write(self, payload) -> None:
@@ -213,35 +226,38 @@ class WorkerHandle:
         await self.proc.wait()
         self._on_death()
 
-    def _handle(self, message: dict) -> None:
-        kind = message["type"]
-        if kind == "step":
-            if message.get("stats"):
-                self.stats = message["stats"]
+    def _handle(self, frame: Frame) -> None:
+        match frame:
+            case Step(outputs=outputs, stats=stats):
+                if stats:
+                    self.stats = stats
+                    self.pending_blocks = 0
+                for out in outputs:
+                    self._deliver(out)
+            case IdleStats(stats=stats):
+                self.stats = stats
                 self.pending_blocks = 0
-            for out in message["outputs"]:
-                if self.on_output is not None:
-                    self.on_output(self, out)
-                stream = self.inflight.get(out["id"])
-                if stream is not None and stream.put_nowait(out) and not out["finished"]:
-                    self._abort_stream(stream)
-                if out["finished"]:
-                    self.release(out["id"])
-                elif out.get("prefilled") is not None and stream is not None \
-                        and self.on_prefilled is not None:
-                    self.on_prefilled(self, out)
-        elif kind == "transfer":
-            if self.on_transfer is not None:
-                self.on_transfer(self, message)
-        elif kind == "import_failed":
-            rid = message["id"]
-            self._end(rid, "error", WorkerDied(f"KV transfer to worker {self.index} failed: "
-                                               f"{message.get('error')}", rid))
-        elif kind == "stats":
-            self.stats = message["stats"]
-            self.pending_blocks = 0
-        elif kind == "rejected":
-            self._end(message["id"], "rejected", message)
+            case Rejected(id=request_id):
+                self._end(request_id, "rejected", frame)
+            case TransferDone():
+                if self.on_transfer is not None:
+                    self.on_transfer(self, frame)
+            case ImportFailed(id=request_id, error=error):
+                self._end(request_id, "error", WorkerDied(
+                    f"KV transfer to worker {self.index} failed: {error}", request_id))
+
+    def _deliver(self, out: Output) -> None:
+        """One request's output: metered first, then to its stream; the last one frees it."""
+        if self.on_output is not None:
+            self.on_output(self, out)
+        stream = self.inflight.get(out["id"])
+        if stream is not None and stream.put_nowait(out) and not out["finished"]:
+            self._abort_stream(stream)
+        if out["finished"]:
+            self.release(out["id"])
+        elif out.get("prefilled") is not None and stream is not None \
+                and self.on_prefilled is not None:
+            self.on_prefilled(self, out)
 
     def _end(self, request_id: str, reason: str, item) -> None:
         """The request ends here with nothing to bill: meter it, free it, wake its reader."""
@@ -268,7 +284,7 @@ class WorkerHandle:
         self.pending_blocks = 0
 
 
-def _ended(request_id: str, reason: str) -> dict:
+def _ended(request_id: str, reason: str) -> Output:
     """A final output for a request that produced nothing we can bill (refused, or lost)."""
     return {"id": request_id, "tokens": [], "text": "", "finished": True, "reason": reason,
             "stop_reason": None, "usage": None, "logprobs": None, "synthetic": True}
@@ -346,8 +362,8 @@ class RayWorkerHandle(WorkerHandle):
         self.proc.pid = message.get("pid")
         self._mark_ready(message, self._pull_loop(), "pull")
 
-    def _encode(self, message: dict):
-        encode_frame(message)  # Ray carries the dict itself; refuse what a pipe would refuse
+    def _encode(self, message: Frame):
+        encode_frame(message)  # Ray carries the frame itself; refuse what a pipe would refuse
         return message
 
     def _write(self, payload) -> None:

@@ -18,13 +18,10 @@ Sends and receives run on two threads; they follow the gateway's order of transf
 they cannot deadlock. Results come back to the worker's main thread as internal messages on
 its command queue; only the main thread touches the engine.
 
-gateway -> worker   {"type": "add", ..., "prefill_only": true}
-                    {"type": "export", "id", "key", "tag"}
-                    {"type": "import", "id", "prompt", "output": [ids], "params", "priority",
-                     "salt", "cached", "timing", "key", "tag"}
-worker -> gateway   an output with "prefilled": {"arrival", "scheduled", "first_token"}
-                    {"type": "transfer", "id", "blocks", "bytes", "seconds", "start", "end"}
-                    {"type": "import_failed", "id", "error"}
+Frames (runtime/protocol.py): gateway -> worker AddRequest(prefill_only=True), ExportKV,
+ImportKV; worker -> gateway an output with "prefilled": {"arrival", "scheduled",
+"first_token"}, TransferDone, ImportFailed. The transfer threads' results are internal dicts
+("_kv_sent", "_kv_block", "_kv_done", "_kv_failed") on the worker's command queue.
 """
 from __future__ import annotations
 
@@ -37,6 +34,7 @@ import time
 import torch
 
 from runtime.kv_rendezvous import open_group, secret_from_env
+from runtime.protocol import ExportKV, ImportFailed, ImportKV, TransferDone
 
 log = logging.getLogger(__name__)
 
@@ -148,28 +146,27 @@ class Disagg:
             elif m["tokens"] and self.engine.park_request(rid):
                 m["prefilled"] = self.engine.request_timing(rid)
 
-    def export(self, message: dict) -> None:
-        rid = message["id"]
+    def export(self, frame: ExportKV) -> None:
+        rid = frame.id
         self.prefill_only.discard(rid)
         blocks = self.engine.export_request(rid)
         if self.transport is not None:  # an empty send tells the receiver to give up
-            self.transport.send(rid, message["key"], message["tag"], blocks or [])
+            self.transport.send(rid, frame.key, frame.tag, blocks or [])
 
     # ---- decode side ------------------------------------------------------------------
-    def import_(self, message: dict, params) -> None:
-        rid = message["id"]
+    def import_(self, frame: ImportKV, params) -> None:
+        rid = frame.id
         try:
-            block_ids = self.engine.import_request(
-                rid, message["prompt"], message["output"], params, message.get("priority", 0),
-                message.get("salt"), message.get("cached", 0))
+            block_ids = self.engine.import_request(rid, frame.prompt, frame.output, params,
+                                                   frame.priority, frame.salt, frame.cached)
         except Exception as exc:  # noqa: BLE001 - refused like an add; the gateway fails it
-            self.send({"type": "import_failed", "id": rid, "error": str(exc)})
+            self.send(ImportFailed(rid, str(exc)))
             return
         self.importing[rid] = block_ids
-        self.timing[rid] = dict(message.get("timing") or {})
+        self.timing[rid] = dict(frame.timing or {})
         runner = self.engine.runner
-        self.transport.recv(rid, message["key"], message["tag"], len(block_ids),
-                            runner.block_shape, runner.dtype)
+        self.transport.recv(rid, frame.key, frame.tag, len(block_ids), runner.block_shape,
+                            runner.dtype)
 
     def on_internal(self, message: dict) -> None:
         kind, rid = message["type"], message["id"]
@@ -181,14 +178,13 @@ class Disagg:
             if self.importing.pop(rid, None) is not None and self.engine.finish_import(rid):
                 self.timing.setdefault(rid, {})["kv_transfer"] = [message["start"],
                                                                   message["end"]]
-                self.send({"type": "transfer", "id": rid, "blocks": message["blocks"],
-                           "bytes": message["bytes"], "start": message["start"],
-                           "end": message["end"],
-                           "seconds": message["end"] - message["start"]})
+                self.send(TransferDone(rid, message["blocks"], message["bytes"],
+                                       message["end"] - message["start"], message["start"],
+                                       message["end"]))
         elif kind == "_kv_failed" and self.importing.pop(rid, None) is not None:
             self.engine.abort_request(rid)  # frees its blocks; nothing was streamed yet
             self.timing.pop(rid, None)
-            self.send({"type": "import_failed", "id": rid, "error": message["error"]})
+            self.send(ImportFailed(rid, message["error"]))
 
     def abort(self, rid: str) -> None:
         self.importing.pop(rid, None)

@@ -1,10 +1,11 @@
-"""A deterministic stand-in for LLMEngine with the same worker-facing surface and no model.
+"""A deterministic stand-in for LLMEngine with the same worker-facing surface (`EngineCore`,
+runtime/engine_core.py) and no model.
 
 Gateway tests and benchmarks use it where the model's speed would only add noise. It uses the
 real SmolLM2 tokenizer (read from the GGUF metadata, no weights), emits a fixed cycle of word
 tokens, one per running request per step, after `step_seconds` of simulated work, honours
-max_tokens, stop strings, priorities and max_num_seqs, and reports cached tokens as the
-block-aligned longest prefix it has already seen under the same salt.
+max_tokens, stop strings, stop token ids, priorities and max_num_seqs, and reports cached
+tokens as the block-aligned longest prefix it has already seen under the same salt.
 """
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ class FakeEngine:
             r.output.append(token)
             r.first_token = r.first_token or time.monotonic()
             text = r.detok.push([token])
-            reason = "stop" if r.detok.stopped else (
+            stopped = r.detok.stopped or token in r.params.stop_token_set
+            reason = "stop" if stopped else (
                 "length" if len(r.output) >= r.params.max_tokens else None)
             if reason == "length":
                 text += r.detok.flush()
@@ -138,9 +140,12 @@ class FakeEngine:
             timing = {"arrival": wall_clock(r.arrival), "scheduled": wall_clock(r.arrival),
                       "first_token": wall_clock(r.first_token), "finished": time.time(),
                       "preemptions": 0}
+        stop_reason = None
+        if reason == "stop":
+            stop_reason = r.detok.stop_reason if r.detok.stopped else r.output[-1]
         return RequestOutput(r.request_id, tokens, text, reason is not None, reason,
                              Usage(len(r.prompt), r.cached, len(r.output)), logprobs,
-                             r.detok.stop_reason if reason == "stop" else None, timing)
+                             stop_reason, timing)
 
     def close(self) -> None:
         pass

@@ -1,24 +1,23 @@
-"""The worker protocol: length-prefixed orjson frames over a byte stream (no pickle anywhere).
+"""The worker protocol: typed frames, length-prefixed orjson on a byte stream (no pickle).
 
-A frame is a 4-byte big-endian length, then that many bytes of one JSON object with a "type".
+A frame is a 4-byte big-endian length, then that many bytes of one JSON object whose "type"
+names its class below. `encode_frame` and `decode_frame` are the only encoder and decoder; a
+body that is not a known frame with exactly its fields is a `ProtocolError`.
 
-gateway -> worker
-  {"type": "add", "id", "prompt": [ids], "params": {SamplingParams fields}, "priority", "salt"}
-  {"type": "abort", "id"}
-  {"type": "shutdown"}
-worker -> gateway
-  {"type": "ready", "model", "max_model_len", "vocab_size", "num_blocks", "block_size",
-   "max_num_seqs", "pid", "device", "tokenizer": <tokenizer JSON>}
-  {"type": "step", "outputs": [output...], "stats": {...}}   one frame per engine step
-  {"type": "rejected", "id", "error": {"message", "param", "kind"}}
-  {"type": "stats", "stats": {...}}   while idle, about once a second
-An output is {"id", "tokens", "text", "finished", "reason", "stop_reason", "usage":
-[prompt, cached, completion], "logprobs": [[token, logprob, [[id, logprob], ...]], ...] | null}.
+gateway -> worker: AddRequest, AbortRequest, Shutdown; with disaggregation ExportKV, ImportKV.
+worker -> gateway: Ready, Step (one per engine step), Rejected, IdleStats (about once a second
+while idle); with disaggregation TransferDone, ImportFailed.
+
+A Step carries its outputs as `Output` dicts (a TypedDict: typed for the checker, plain for the
+decoder). A step of 1,024 requests decodes in about 1.5 ms as dicts; building a dataclass per
+output tripled that, on the path every token takes.
 """
 from __future__ import annotations
 
 import asyncio
 import struct
+from dataclasses import dataclass, field, fields
+from typing import Any, TypedDict
 
 import orjson
 
@@ -27,27 +26,174 @@ _HEADER = struct.Struct(">I")
 
 
 class ProtocolError(Exception):
-    """A frame that is too large or not a JSON object."""
+    """A frame that is too large, not JSON, or not a known frame with its fields."""
 
 
-def encode_frame(message: dict) -> bytes:
-    body = orjson.dumps(message)
+class Output(TypedDict, total=False):
+    """One request's progress in one step."""
+
+    id: str
+    tokens: list[int]  # new token ids
+    text: str  # new text
+    finished: bool
+    reason: str | None  # finish reason: stop, length, abort, error, rejected
+    stop_reason: int | str | None
+    usage: list[int] | None  # [prompt, cached, completion]; None for an ended-unbilled one
+    logprobs: list | None  # [[token, logprob, [[id, logprob], ...]], ...]
+    timing: dict | None  # wall-clock times on the worker, on the final output
+    prefilled: dict | None  # disaggregation: the prompt's KV is ready to move
+    synthetic: bool  # made by the gateway for a request that ended with nothing to bill
+
+
+# ---- gateway -> worker ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    id: str
+    prompt: list[int]
+    params: dict  # SamplingParams fields, JSON-able
+    priority: int = 0
+    salt: str | None = None
+    prefill_only: bool = False  # disaggregation: stop and park after the first token
+    type: str = field(default="add", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    id: str
+    type: str = field(default="abort", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    type: str = field(default="shutdown", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportKV:
+    """Send a parked request's prompt KV to the decode worker of the pair `key`."""
+
+    id: str
+    key: str
+    tag: int
+    type: str = field(default="export", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportKV:
+    """Receive a request's prompt KV from the prefill worker of the pair `key`, then decode."""
+
+    id: str
+    prompt: list[int]
+    output: list[int]  # the first token(s), sampled by the prefill worker
+    params: dict
+    key: str
+    tag: int
+    priority: int = 0
+    salt: str | None = None
+    cached: int = 0
+    timing: dict | None = None
+    type: str = field(default="import", init=False)
+
+
+# ---- worker -> gateway ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The worker's engine is loaded: its facts, and the tokenizer as JSON."""
+
+    pid: int
+    model: str
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    device: str
+    eos_token_ids: list[int]
+    tokenizer: str
+    type: str = field(default="ready", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    outputs: list[Output]
+    stats: dict | None  # the engine's snapshot and this step's figures; None on an abort
+    type: str = field(default="step", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    id: str
+    error: dict  # {"message", "param", "kind"}
+    type: str = field(default="rejected", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class IdleStats:
+    stats: dict
+    type: str = field(default="stats", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferDone:
+    """A decode worker received a request's prompt KV."""
+
+    id: str
+    blocks: int
+    bytes: int
+    seconds: float
+    start: float
+    end: float
+    type: str = field(default="transfer", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportFailed:
+    id: str
+    error: str
+    type: str = field(default="import_failed", init=False)
+
+
+Frame = (AddRequest | AbortRequest | Shutdown | ExportKV | ImportKV | Ready | Step | Rejected
+         | IdleStats | TransferDone | ImportFailed)
+_FRAMES: dict[str, type] = {cls.__dataclass_fields__["type"].default: cls for cls in (
+    AddRequest, AbortRequest, Shutdown, ExportKV, ImportKV, Ready, Step, Rejected, IdleStats,
+    TransferDone, ImportFailed)}
+_FIELDS = {name: {f.name for f in fields(cls)} - {"type"} for name, cls in _FRAMES.items()}
+
+
+# ---- the one encoder and decoder --------------------------------------------------------
+def encode_frame(frame: Frame) -> bytes:
+    body = orjson.dumps(frame)
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes is over the limit")
     return _HEADER.pack(len(body)) + body
 
 
-def decode_body(body: bytes) -> dict:
+def decode_frame(body: bytes) -> Frame:
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(f"frame is not JSON: {exc}") from exc
-    if not isinstance(message, dict) or "type" not in message:
-        raise ProtocolError("frame is not a message object")
-    return message
+    return frame_from_dict(message)
 
 
-def read_frame_blocking(stream) -> dict | None:
+def frame_from_dict(message: Any) -> Frame:
+    if not isinstance(message, dict):
+        raise ProtocolError("frame is not a JSON object")
+    kind = message.pop("type", None)
+    cls = _FRAMES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown frame type {kind!r:.40}")
+    unknown = message.keys() - _FIELDS[kind]
+    if unknown:
+        raise ProtocolError(f"{kind} frame with unknown fields {sorted(unknown)[:5]}")
+    try:
+        return cls(**message)
+    except TypeError as exc:  # a required field is missing
+        raise ProtocolError(f"{kind} frame: {exc}") from None
+
+
+def read_frame_blocking(stream) -> Frame | None:
     """Read one frame from a binary file object; None at a clean end of stream."""
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
@@ -58,16 +204,16 @@ def read_frame_blocking(stream) -> dict | None:
     body = stream.read(size)
     if len(body) < size:
         return None
-    return decode_body(body)
+    return decode_frame(body)
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict | None:
+async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
     """Read one frame from an asyncio stream; None at a clean end of stream."""
     try:
         header = await reader.readexactly(_HEADER.size)
         (size,) = _HEADER.unpack(header)
         if size > MAX_FRAME_BYTES:
             raise ProtocolError(f"frame of {size} bytes is over the limit")
-        return decode_body(await reader.readexactly(size))
+        return decode_frame(await reader.readexactly(size))
     except asyncio.IncompleteReadError:
         return None

@@ -17,7 +17,7 @@ import threading
 
 import ray
 
-from runtime.protocol import decode_body
+from runtime.protocol import Frame, decode_frame
 
 
 class _FrameQueue:
@@ -27,7 +27,7 @@ class _FrameQueue:
         self.frames: queue.Queue = queue.Queue()
 
     def write(self, data: bytes) -> None:
-        self.frames.put(decode_body(data[4:]))  # one frame per write (Worker.send)
+        self.frames.put(decode_frame(data[4:]))  # one frame per write (Worker.send)
 
     def flush(self) -> None:
         pass
@@ -48,15 +48,15 @@ class RayWorker:
         self.thread = threading.Thread(target=self.worker.loop, daemon=True)
         self.thread.start()
 
-    def ready(self) -> dict:
+    def ready(self) -> Frame:
         return self.worker.ready_message()
 
     @ray.method(concurrency_group="push")
-    def push(self, message: dict) -> None:
-        self.worker.commands.put(message)
+    def push(self, frame: Frame) -> None:
+        self.worker.commands.put(frame)
 
     @ray.method(concurrency_group="pull")
-    def pull(self, timeout: float = 0.5) -> list[dict]:
+    def pull(self, timeout: float = 0.5) -> list[Frame]:
         frames = []
         try:
             frames.append(self.out.frames.get(timeout=timeout))

@@ -13,19 +13,29 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 from runtime.config import EngineConfig
 from runtime.device_stats import DeviceStats
 from runtime.errors import RuntimeErrorBase
 from runtime.gc_tuning import tune_gc_for_serving
 from runtime.outputs import RequestOutput, StepStats
-from runtime.protocol import encode_frame, read_frame_blocking
+from runtime.protocol import (AbortRequest, AddRequest, ExportKV, Frame, IdleStats, ImportFailed,
+                              ImportKV, Output, Ready, Rejected, Shutdown, Step, encode_frame,
+                              read_frame_blocking)
 from runtime.sampling_params import SamplingParams
 
 IDLE_STATS_SECONDS = 1.0
 
 
-def output_message(out: RequestOutput) -> dict:
+@dataclass(frozen=True)
+class _Unreadable:
+    """The reader thread's last command: the gateway sent a frame that cannot be read."""
+
+    error: str
+
+
+def output_message(out: RequestOutput) -> Output:
     u = out.usage
     logprobs = None
     if out.logprobs is not None:
@@ -63,13 +73,13 @@ class Worker:
         transport = KVTransport(store_address, self.commands.put) if store_address else None
         self.disagg = Disagg(self.engine, transport, self.send)
 
-    def send(self, message: dict) -> None:
-        self.out.write(encode_frame(message))
+    def send(self, frame: Frame) -> None:
+        self.out.write(encode_frame(frame))
         self.out.flush()
 
-    def ready_message(self) -> dict:
-        return {"type": "ready", "pid": os.getpid(), **self.engine.info(),
-                "tokenizer": self.engine.tokenizer.to_json()}
+    def ready_message(self) -> Ready:
+        return Ready(pid=os.getpid(), tokenizer=self.engine.tokenizer.to_json(),
+                     **self.engine.info())
 
     def read_commands(self, in_stream) -> None:
         """Queue every frame from the gateway. A frame that cannot be read ends the worker
@@ -77,52 +87,57 @@ class Worker:
         while a dead one is noticed and replaced at once."""
         try:
             while True:
-                message = read_frame_blocking(in_stream)
-                self.commands.put(message if message is not None else {"type": "shutdown"})
-                if message is None or message["type"] == "shutdown":
+                frame = read_frame_blocking(in_stream)
+                self.commands.put(frame if frame is not None else Shutdown())
+                if frame is None or isinstance(frame, Shutdown):
                     return
         except Exception as exc:  # noqa: BLE001 - see above
-            self.commands.put({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
+            self.commands.put(_Unreadable(f"{type(exc).__name__}: {exc}"))
 
-    def apply(self, message: dict) -> None:
-        kind = message["type"]
-        if kind == "shutdown":
-            self.running = False
-        elif kind == "fatal":
-            print(f"worker: unreadable frame from the gateway ({message['error']}); exiting",
-                  file=sys.stderr)
-            self.running, self.exit_code = False, 1
-        elif kind == "abort":
-            final = self.engine.abort_request(message["id"])
-            if self.disagg is not None:
-                self.disagg.abort(message["id"])
-            if final is not None:
-                self.send({"type": "step", "outputs": self.messages([final]), "stats": None})
-        elif kind == "add":
-            self.add(message)
-        elif self.disagg is not None:
-            self.apply_disagg(message)
+    def apply(self, command) -> None:
+        """One command from the queue: a gateway frame, or (disaggregation) an internal
+        message from the transfer threads."""
+        match command:
+            case AddRequest():
+                self.add(command)
+            case AbortRequest(id=request_id):
+                self.abort(request_id)
+            case Shutdown():
+                self.running = False
+            case _Unreadable(error=error):
+                print(f"worker: unreadable frame from the gateway ({error}); exiting",
+                      file=sys.stderr)
+                self.running, self.exit_code = False, 1
+            case ExportKV() | ImportKV() | dict() if self.disagg is not None:
+                self.apply_disagg(command)
 
-    def apply_disagg(self, message: dict) -> None:
-        kind = message["type"]
-        if kind == "export":
-            self.disagg.export(message)
-        elif kind == "import":
-            try:
-                params = self.params(message["params"])
-            except (TypeError, ValueError) as exc:
-                self.send({"type": "import_failed", "id": message["id"], "error": str(exc)})
-                return
-            self.disagg.import_(message, params)
-        elif kind.startswith("_kv_"):
-            self.disagg.on_internal(message)
+    def abort(self, request_id: str) -> None:
+        final = self.engine.abort_request(request_id)
+        if self.disagg is not None:
+            self.disagg.abort(request_id)
+        if final is not None:
+            self.send(Step(self.messages([final]), None))
+
+    def apply_disagg(self, command) -> None:
+        match command:
+            case ExportKV():
+                self.disagg.export(command)
+            case ImportKV():
+                try:
+                    params = self.params(command.params)
+                except (TypeError, ValueError) as exc:
+                    self.send(ImportFailed(command.id, str(exc)))
+                    return
+                self.disagg.import_(command, params)
+            case dict():  # the transfer threads' results
+                self.disagg.on_internal(command)
 
     @staticmethod
     def params(fields: dict) -> SamplingParams:
         return SamplingParams(**{k: tuple(v) if isinstance(v, list) else v
                                  for k, v in fields.items()})
 
-    def messages(self, outputs: list[RequestOutput]) -> list[dict]:
+    def messages(self, outputs: list[RequestOutput]) -> list[Output]:
         messages = [output_message(o) for o in outputs]
         if self.disagg is not None:
             self.disagg.after_step(messages)
@@ -130,17 +145,16 @@ class Worker:
                 self.disagg.decorate(m)
         return messages
 
-    def add(self, message: dict) -> None:
+    def add(self, frame: AddRequest) -> None:
         try:
-            params = self.params(message["params"])
-            self.engine.add_request(message["id"], message["prompt"], params,
-                                    message.get("priority", 0), message.get("salt"))
-            if message.get("prefill_only") and self.disagg is not None:
-                self.disagg.prefill_only.add(message["id"])
+            params = self.params(frame.params)
+            self.engine.add_request(frame.id, frame.prompt, params, frame.priority, frame.salt)
+            if frame.prefill_only and self.disagg is not None:
+                self.disagg.prefill_only.add(frame.id)
         except (RuntimeErrorBase, TypeError, ValueError) as exc:
-            self.send({"type": "rejected", "id": message.get("id"),
-                       "error": {"message": str(exc), "param": getattr(exc, "param", None),
-                                 "kind": type(exc).__name__}})
+            self.send(Rejected(frame.id, {"message": str(exc),
+                                          "param": getattr(exc, "param", None),
+                                          "kind": type(exc).__name__}))
 
     def loop(self) -> None:
         last_stats = 0.0
@@ -154,12 +168,11 @@ class Worker:
                 pass
             if self.engine.has_unfinished_requests():
                 outputs, stats = self.engine.step()
-                self.send({"type": "step", "outputs": self.messages(outputs),
-                           "stats": stats_message(self.engine, stats, self.device)})
+                self.send(Step(self.messages(outputs),
+                               stats_message(self.engine, stats, self.device)))
             elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
                 last_stats = time.monotonic()
-                stats = stats_message(self.engine, None, self.device)
-                self.send({"type": "stats", "stats": stats})
+                self.send(IdleStats(stats_message(self.engine, None, self.device)))
         self.engine.close()
 
 

@@ -15,7 +15,7 @@ from gateway.config import GatewayConfig, is_loopback_host, refuse_open_keyless
 from gateway.dispatch import DispatchFailed, Dispatcher, Job
 from gateway.queue import QueueEntry, RequestQueue
 from gateway.worker_client import WorkerHandle
-from runtime.protocol import read_frame_blocking
+from runtime.protocol import Ready, encode_frame, read_frame_blocking
 from runtime.sampling_params import MAX_SEED, MIN_SEED, SamplingParams, choice_seed
 
 
@@ -40,7 +40,8 @@ class _Proc:
 def _ready_worker() -> WorkerHandle:
     w = WorkerHandle(0, [])
     w.proc = _Proc()
-    w.info = {"max_num_seqs": 4, "num_blocks": 100, "block_size": 16}
+    w.info = Ready(pid=4242, model="m", max_model_len=64, vocab_size=100, num_blocks=100,
+                   block_size=16, max_num_seqs=4, device="cpu", eos_token_ids=[0], tokenizer="")
     w.ready.set()
     return w
 
@@ -101,10 +102,9 @@ def test_choice_seeds_fit_the_generator_and_differ(seed):
 def test_job_frames_carry_distinct_fitting_seeds_at_the_top_of_the_range():
     async def frames_of():
         return _job("j", MAX_SEED, n=8).add_messages()
-    frames = asyncio.run(frames_of())
+    frames = [orjson.loads(encode_frame(f)[4:]) for f in asyncio.run(frames_of())]
     seeds = [f["params"]["seed"] for f in frames]
     assert seeds[0] == MAX_SEED and len(set(seeds)) == 8
-    orjson.dumps(frames)
 
 
 def test_sampling_params_refuse_a_seed_outside_the_range():
@@ -146,7 +146,7 @@ def test_a_malformed_frame_ends_the_worker():
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
-        assert read_frame_blocking(proc.stdout)["type"] == "ready"
+        assert isinstance(read_frame_blocking(proc.stdout), Ready)
         proc.stdin.write(b"\x00\x00\x00\x05hello")  # a length, then bytes that are not JSON
         proc.stdin.flush()
         assert proc.wait(timeout=30) == 1

@@ -2,6 +2,7 @@
 frames in through each worker's command queue, frames out collected per request."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -9,7 +10,7 @@ import time
 from unittest import mock
 
 from runtime.kv_rendezvous import SECRET_ENV, new_secret, serve_store
-from runtime.protocol import decode_body
+from runtime.protocol import Shutdown, decode_frame, frame_from_dict
 from runtime.worker import Worker
 
 
@@ -26,7 +27,8 @@ class FrameSink:
             size = int.from_bytes(self.buffer[:4], "big")
             if len(self.buffer) < 4 + size:
                 break
-            self.frames.put(decode_body(self.buffer[4:4 + size]))
+            # as plain dicts, the shape the tests read (the typed frame, then its fields)
+            self.frames.put(dataclasses.asdict(decode_frame(self.buffer[4:4 + size])))
             self.buffer = self.buffer[4 + size:]
 
     def flush(self) -> None:
@@ -59,7 +61,8 @@ class Pair:
         self.tags = iter(range(1, 1 << 19))
 
     def put(self, side: str, message: dict) -> None:
-        self.workers[side].commands.put(message)
+        """A gateway frame, given as its dict: typed through the protocol's own decoder."""
+        self.workers[side].commands.put(frame_from_dict(dict(message)))
 
     def outputs(self, side: str, timeout: float = 30.0):
         """Yield (frame type, output or frame) from a side's frames."""
@@ -108,4 +111,4 @@ class Pair:
 
     def close(self) -> None:
         for w in self.workers.values():
-            w.commands.put({"type": "shutdown"})
+            w.commands.put(Shutdown())
