@@ -21,6 +21,8 @@ from gateway.keys import ApiKey
 from gateway.ledger import Ledger, LedgerRow
 from gateway.pricing import ZERO_COST, Cost, PriceBook
 from gateway.ratelimit import RateLimiter
+from gateway.request_finished import RequestFinished
+from runtime.outputs import wall_clock
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Accounting:
         self.model = model
         self.inflight: dict[str, object] = {}  # engine request id -> Generation
         self.revenue = ZERO_COST  # since start, for metrics
-        self.on_settle = []  # callbacks(Generation) for metrics, traces and the live feed
+        self.on_settle = []  # callbacks(RequestFinished): metrics, traces and the live feed
 
     # ---- admission ----------------------------------------------------------------------
     def admit_request(self, key: ApiKey) -> None:
@@ -76,12 +78,16 @@ class Accounting:
 
     # ---- metering -----------------------------------------------------------------------
     def on_output(self, out: dict) -> None:
-        """Called for every worker output before the client's stream sees it."""
-        if not out.get("finished"):
-            return
-        gen = self.inflight.pop(out["id"], None)
+        """Called for every worker output before the client's stream sees it: the request's
+        first token and its end are noted here, at arrival, whoever reads the stream."""
+        gen = self.inflight.get(out["id"])
         if gen is None or gen.charge is None:
             return
+        if gen.first_token_at is None and out["tokens"]:
+            gen.first_token_at = time.monotonic()
+        if not out["finished"]:
+            return
+        del self.inflight[out["id"]]
         charge = gen.charge
         if out.get("reason") and out["id"] in gen.job.sub_ids:
             gen.finish_reasons[gen.job.sub_ids.index(out["id"])] = out["reason"]
@@ -123,24 +129,34 @@ class Accounting:
         self.limiter.refund(tenant, max(0, charge.tokens_charged - used))
         self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
         self.revenue += charge.cost
+        event = self._finished(gen)
         for callback in self.on_settle:
-            callback(gen)
+            callback(event)
         if self.ledger is not None:
-            gen.committed = self.ledger.record(self._row(gen))
+            gen.committed = self.ledger.record(ledger_row(event))
 
-    def _row(self, gen) -> LedgerRow:
-        c, u = gen.charge, gen.usage
-        now_wall, now_mono = time.time(), time.monotonic()
-        created = now_wall - (now_mono - gen.enqueued_at) if gen.enqueued_at else now_wall
+    def _finished(self, gen) -> RequestFinished:
+        c, u, worker = gen.charge, gen.usage, gen.job.worker
         status = next((s for s in ("error", "rejected", "cancelled") if s in c.statuses), "ok")
-        return LedgerRow(
-            gen.job.request_id, c.key.tenant.name, c.key.name, self.model, created, now_wall,
-            gen.job.priority, u.cached_tokens, u.prompt_tokens - u.cached_tokens,
-            u.completion_tokens, c.cost.cache_hit_input, c.cost.cache_miss_input, c.cost.output,
-            c.cost.total, c.multiplier, gen.queue_seconds if gen.dispatched_at else None,
-            (gen.first_token_at - gen.enqueued_at) if gen.first_token_at else None,
-            now_mono - gen.enqueued_at if gen.enqueued_at else None,
-            ",".join(sorted(set(gen.finish_reasons.values()))) or None, status)
+        return RequestFinished(
+            gen.job.request_id, c.key.tenant.name, c.key.name, self.model, gen.job.priority,
+            status, u.prompt_tokens, u.cached_tokens, u.completion_tokens, c.cost,
+            c.multiplier, tuple(r for _, r in sorted(gen.finish_reasons.items())),
+            gen.enqueued_at or gen.settled_at, gen.job.dispatched_at, gen.first_token_at,
+            gen.settled_at, worker.index if worker is not None else None,
+            worker.info.device if worker is not None and worker.info else None,
+            gen.trace_headers, gen.worker_timing)
+
+
+def ledger_row(event: RequestFinished) -> LedgerRow:
+    cost = event.cost
+    return LedgerRow(
+        event.request_id, event.tenant, event.key_name, event.model,
+        wall_clock(event.enqueued_at), wall_clock(event.settled_at), event.priority,
+        event.cached_tokens, event.miss_tokens, event.completion_tokens,
+        cost.cache_hit_input, cost.cache_miss_input, cost.output, cost.total,
+        event.price_multiplier, event.queue_seconds, event.ttft_seconds, event.e2e_seconds,
+        event.reasons_text, event.status)
 
 
 async def wait_committed(gen, timeout: float = 30.0) -> None:

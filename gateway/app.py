@@ -25,7 +25,7 @@ from gateway.routes import add_routes
 from gateway.service import GenerationService
 from gateway.state import STATE, GatewayState
 from gateway.worker_client import RayWorkerHandle, WorkerHandle, supervise
-from runtime.protocol import Ready, TransferDone
+from runtime.protocol import Output, Ready, TransferDone
 from runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -191,9 +191,9 @@ async def _feed_loop(state: GatewayState, tick: float = 0.25) -> None:
             state.feed.publish(state.snapshots.build())
 
 
-def _on_output(state: GatewayState, out: dict) -> None:
+def _on_output(state: GatewayState, out: Output) -> None:
+    state.accounting.on_output(out)  # before the client's stream sees it
     if out["finished"]:
-        state.accounting.on_output(out)  # before the client's stream sees the final output
         state.dispatcher.notify()  # a slot is free
 
 

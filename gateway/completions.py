@@ -19,6 +19,30 @@ from gateway.stream_chunker import StreamChunker
 log = logging.getLogger(__name__)
 
 
+def chunker_for(state: GatewayState, gen: Generation, include_usage: bool) -> StreamChunker:
+    """The one chunk builder of a streamed request, for SSE and WebSocket alike."""
+    req = gen.request
+    return StreamChunker(req.kind, gen.job.request_id, state.model_name, gen.created,
+                         include_usage, echo=gen.prompt_text if req.echo else None)
+
+
+class InterTokenClock:
+    """Feeds the inter-token latency histogram from the times deltas reach the client."""
+
+    def __init__(self, state: GatewayState):
+        metrics = state.metrics
+        self.histogram = metrics.itl.labels(state.model_name) if metrics is not None else None
+        self.last = time.monotonic()
+
+    def tick(self, num_tokens: int) -> None:
+        now = time.monotonic()
+        if num_tokens and self.histogram is not None:
+            gap = (now - self.last) / num_tokens
+            for _ in range(num_tokens):
+                self.histogram.observe(gap)
+        self.last = now
+
+
 def response_headers(gen: Generation) -> dict:
     return {"x-request-id": gen.job.request_id, "x-queue-seconds": f"{gen.queue_seconds:.6f}"}
 
@@ -101,13 +125,10 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
     """The SSE answer. Errors before the first event become a plain HTTP error; after it,
     an error event and [DONE]. The response opens lazily so a rejection keeps its status."""
     req = gen.request
-    chunker = StreamChunker(req.kind, gen.job.request_id, state.model_name, gen.created,
-                            req.include_usage)
+    chunker = chunker_for(state, gen, req.include_usage)
     sse: SSEStream | None = None
-    started: set[int] = set()
-    last = time.monotonic()
     opening = asyncio.Lock()
-    itl = state.metrics.itl.labels(state.model_name) if state.metrics is not None else None
+    itl = InterTokenClock(state)
 
     async def ensure_open() -> SSEStream:
         nonlocal sse
@@ -126,28 +147,13 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
         async for delta in state.service.stream(gen):
             pinger.touch()
             out = sse if sse is not None else await ensure_open()
-            events = []
-            if delta.index not in started:
-                started.add(delta.index)
-                events += chunker.start(delta.index)
-                if req.echo:
-                    events.append(chunker.delta(delta.index, gen.prompt_text))
-            if delta.text or delta.logprobs:
-                events.append(chunker.delta(delta.index, delta.text, delta.logprobs))
-            if delta.finish_reason is not None:
-                events.append(chunker.finish(delta.index, delta.finish_reason))
+            events = chunker.chunks(delta)
             if events and not await out.send_all(events):
                 return out.response  # client gone: leaving the loop aborts the job
-            now = time.monotonic()
-            if delta.token_ids and itl is not None:
-                gap = (now - last) / len(delta.token_ids)
-                for _ in delta.token_ids:
-                    itl.observe(gap)
-            last = now
+            itl.tick(len(delta.token_ids))
         await wait_committed(gen)  # the bill is durable before the client sees it final
         out = await ensure_open()
         await out.send_all(chunker.usage(usage_of(gen)), done=True)  # still guarded
-        _observe(state, gen)
         return out.response
     except APIError as exc:
         if sse is None:
@@ -181,10 +187,4 @@ async def respond_json(state: GatewayState, gen: Generation) -> web.Response:
                                     logprobs[i] if wants_logprobs else None, offset))
     build = chat_response if req.kind == "chat" else completion_response
     body = build(gen.job.request_id, state.model_name, gen.created, choices, usage_of(gen))
-    _observe(state, gen)
     return json_response(body, headers=response_headers(gen))
-
-
-def _observe(state: GatewayState, gen: Generation) -> None:
-    if state.metrics is not None:
-        state.metrics.observe_finished(gen)

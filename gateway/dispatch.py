@@ -53,6 +53,7 @@ class Job:
                                      .create_future())
     entry: QueueEntry | None = None
     worker: WorkerHandle | None = None
+    dispatched_at: float | None = None  # monotonic: when a worker got it
     stream: OutputStream = field(default_factory=OutputStream)  # outputs of every sub-request
 
     @property
@@ -186,7 +187,7 @@ class Dispatcher:
         if self.disaggregated:
             for sub_id in job.sub_ids:
                 self.pd_jobs[sub_id] = job
-        job.worker = worker
+        job.worker, job.dispatched_at = worker, time.monotonic()
         if not job.assigned.done():
             job.assigned.set_result(worker)
 

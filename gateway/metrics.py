@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from gateway.request_finished import RequestFinished
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
@@ -73,27 +75,24 @@ class GatewayMetrics:
                                   "Engine requests admitted and not yet settled", label,
                                   registry=r)
 
-    def observe_finished(self, gen) -> None:
-        m = self.model
-        u = gen.usage
-        self.prompt_tokens.labels(m).inc(u.prompt_tokens)
-        self.generation_tokens.labels(m).inc(u.completion_tokens)
-        self.cached_tokens.labels(m).inc(u.cached_tokens)
-        for reason in gen.finish_reasons.values():
+    def observe_settled(self, done: RequestFinished) -> None:
+        """Every request, however it ended (a client that left included), counts here once,
+        from the same record as its bill."""
+        m, tenant, cost = self.model, done.tenant, done.cost
+        self.prompt_tokens.labels(m).inc(done.prompt_tokens)
+        self.generation_tokens.labels(m).inc(done.completion_tokens)
+        self.cached_tokens.labels(m).inc(done.cached_tokens)
+        for reason in done.finish_reasons:
             self.requests.labels(m, reason).inc()
-        if gen.first_token_at is not None:
-            self.ttft.labels(m).observe(gen.first_token_at - gen.enqueued_at)
-        if gen.finished_at is not None:
-            self.e2e.labels(m).observe(gen.finished_at - gen.enqueued_at)
-        self.queue_time.labels(m).observe(gen.queue_seconds)
-
-    def observe_settled(self, gen) -> None:
-        m, tenant, cost, usage = self.model, gen.charge.key.tenant.name, gen.charge.cost, gen.usage
+        if done.ttft_seconds is not None:
+            self.ttft.labels(m).observe(done.ttft_seconds)
+        if done.queue_seconds is not None:
+            self.queue_time.labels(m).observe(done.queue_seconds)
+            self.e2e.labels(m).observe(done.e2e_seconds)
         for kind, dollars, tokens in (
-                ("cache_hit_input", cost.cache_hit_input, usage.cached_tokens),
-                ("cache_miss_input", cost.cache_miss_input,
-                 usage.prompt_tokens - usage.cached_tokens),
-                ("output", cost.output, usage.completion_tokens)):
+                ("cache_hit_input", cost.cache_hit_input, done.cached_tokens),
+                ("cache_miss_input", cost.cache_miss_input, done.miss_tokens),
+                ("output", cost.output, done.completion_tokens)):
             self.revenue.labels(m, kind, tenant).inc(dollars)
             self.tenant_tokens.labels(m, kind, tenant).inc(tokens)
 

@@ -48,8 +48,7 @@ class Generation:
     created: int = field(default_factory=lambda: int(time.time()))
     enqueued_at: float = 0.0
     dispatched_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
+    first_token_at: float | None = None  # monotonic; set by the accounting on arrival
     usage: JobUsage = field(default_factory=JobUsage)  # kept by the accounting
     finish_reasons: dict[int, str] = field(default_factory=dict)
     charge: object = None  # gateway.accounting.Charge once admitted
@@ -206,7 +205,7 @@ class GenerationService:
                 self._drop(gen, "rejected")
                 raise rate_limited("the request queue is full; a more urgent request took "
                                    "this one's place", retry_after_s=exc.retry_after) from None
-            gen.dispatched_at = time.monotonic()
+            gen.dispatched_at = job.dispatched_at
             index = {sub_id: i for i, sub_id in enumerate(job.sub_ids)}
             remaining = set(index)
             while remaining:
@@ -218,7 +217,6 @@ class GenerationService:
                     remaining.discard(job.sub_ids[delta.index])
                 yield delta
             done = True
-            gen.finished_at = time.monotonic()
         finally:
             if not done and self.dispatcher.cancel(job):
                 self._drop(gen, "cancelled")  # it left the queue before any worker saw it
@@ -235,10 +233,6 @@ class GenerationService:
             raise APIError(408, f"the client left more than {self.stream_buffer_bytes} bytes "
                            "of output unread; the request was stopped and is billed for what "
                            "it produced", code="slow_reader")
-        if gen.first_token_at is None and item["tokens"]:
-            gen.first_token_at = time.monotonic()
-        if item["finished"]:
-            gen.finish_reasons[i] = item["reason"]
         return ChoiceDelta(i, item["text"], item["tokens"], self._logprobs(item),
                            item["reason"] if item["finished"] else None)
 

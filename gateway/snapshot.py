@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from gateway.request_finished import RequestFinished
 from gateway.rolling_totals import RollingTotals
 from numeric.percentiles import percentile
 
@@ -16,26 +17,24 @@ class SnapshotBuilder:
         self._previous: dict[int, dict] = {}  # worker index -> last stats, for rates
 
     # ---- fed by the accounting when a request settles -----------------------------------
-    def on_settled(self, gen) -> None:
-        u, cost = gen.usage, gen.charge.cost
-        miss = u.prompt_tokens - u.cached_tokens
-        self.hits += u.cached_tokens
+    def on_settled(self, done: RequestFinished) -> None:
+        miss = done.miss_tokens
+        self.hits += done.cached_tokens
         self.misses += miss
         self.finished += 1
-        ttft = gen.first_token_at - gen.enqueued_at if gen.first_token_at else None
-        timing = gen.worker_timing or {}
+        timing = done.worker_timing or {}
         itl = None
-        if u.completion_tokens > 1 and timing.get("first_token") and timing.get("finished"):
-            itl = (timing["finished"] - timing["first_token"]) / (u.completion_tokens - 1)
-        self.rolling.add(u.cached_tokens, miss, cost.total, ttft, itl)
-        t = self.tenants.setdefault(gen.charge.key.tenant.name, {
-            "tenant": gen.charge.key.tenant.name, "requests": 0, "hit_tokens": 0,
-            "miss_tokens": 0, "output_tokens": 0, "spend": 0.0})
+        if done.completion_tokens > 1 and timing.get("first_token") and timing.get("finished"):
+            itl = (timing["finished"] - timing["first_token"]) / (done.completion_tokens - 1)
+        self.rolling.add(done.cached_tokens, miss, done.cost.total, done.ttft_seconds, itl)
+        t = self.tenants.setdefault(done.tenant, {
+            "tenant": done.tenant, "requests": 0, "hit_tokens": 0, "miss_tokens": 0,
+            "output_tokens": 0, "spend": 0.0})
         t["requests"] += 1
-        t["hit_tokens"] += u.cached_tokens
+        t["hit_tokens"] += done.cached_tokens
         t["miss_tokens"] += miss
-        t["output_tokens"] += u.completion_tokens
-        t["spend"] += cost.total
+        t["output_tokens"] += done.completion_tokens
+        t["spend"] += done.cost.total
 
     # ---- the frame ----------------------------------------------------------------------
     def build(self) -> dict:

@@ -19,13 +19,30 @@ class StreamChunker:
     """Chunk builder for one streamed request; remembers each choice's text offset."""
 
     def __init__(self, kind: str, id: str, model: str, created: int,
-                 include_usage: bool = False):
+                 include_usage: bool = False, echo: str | None = None):
         self.kind = kind
         self.id = id
         self.model = model
         self.created = created
         self.include_usage = include_usage
+        self.echo = echo  # completions with echo: the prompt, sent first in each choice
         self._chars_sent: dict[int, int] = {}  # per choice: for completions' text_offset
+        self._started: set[int] = set()
+
+    def chunks(self, delta) -> list[dict]:
+        """Every chunk one choice delta (gateway.service.ChoiceDelta) becomes, in order: the
+        SSE stream and the WebSocket send exactly these."""
+        i, out = delta.index, []
+        if i not in self._started:
+            self._started.add(i)
+            out += self.start(i)
+            if self.echo:
+                out.append(self.delta(i, self.echo))
+        if delta.text or delta.logprobs:
+            out.append(self.delta(i, delta.text, delta.logprobs))
+        if delta.finish_reason is not None:
+            out.append(self.finish(i, delta.finish_reason))
+        return out
 
     def start(self, index: int) -> list[dict]:
         """Chunks to send before choice `index`'s first token: the role, for chat."""

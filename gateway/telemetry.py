@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from gateway.request_finished import RequestFinished
 from runtime.outputs import wall_clock
 
 PROPAGATOR = TraceContextTextMapPropagator()
@@ -52,29 +53,29 @@ class Telemetry:
     def shutdown(self) -> None:
         self.provider.shutdown()
 
-    def request_finished(self, gen) -> None:
-        """Record the finished request `gen` (gateway.service.Generation) as spans."""
-        start = wall_clock(gen.enqueued_at)
-        end = wall_clock(gen.finished_at or gen.settled_at) or start
-        parent = PROPAGATOR.extract(gen.trace_headers or {})
+    def request_finished(self, done: RequestFinished) -> None:
+        """Record a finished request as spans: the request, and its queue, prefill and
+        decode (and KV transfer) from the gateway's and the worker's clocks."""
+        start = wall_clock(done.enqueued_at)
+        end = wall_clock(done.settled_at)
+        parent = PROPAGATOR.extract(done.trace_headers or {})
         root = self.tracer.start_span("llm.request", context=parent, kind=SpanKind.SERVER,
-                                      start_time=_ns(start), attributes=_attributes(gen))
+                                      start_time=_ns(start), attributes=_attributes(done))
         ctx = trace.set_span_in_context(root)
-        dispatched = wall_clock(gen.dispatched_at)
+        dispatched = wall_clock(done.dispatched_at)
         if dispatched is not None:
             self._child("queue", ctx, start, dispatched)
-        timing = gen.worker_timing or {}
+        timing = done.worker_timing or {}
         scheduled, first = timing.get("scheduled") or dispatched, timing.get("first_token")
         if scheduled is not None and first is not None:
             self._child("prefill", ctx, scheduled, first,
-                        {"cached_tokens": gen.usage.cached_tokens,
-                         "prompt_tokens": gen.usage.prompt_tokens})
+                        {"cached_tokens": done.cached_tokens,
+                         "prompt_tokens": done.prompt_tokens})
             self._child("decode", ctx, first, timing.get("finished") or end,
-                        {"output_tokens": gen.usage.completion_tokens})
+                        {"output_tokens": done.completion_tokens})
         if timing.get("kv_transfer"):  # prefill/decode disaggregation moved the prompt's KV
             self._child("kv_transfer", ctx, *timing["kv_transfer"])
-        failed = gen.charge is not None and gen.charge.statuses & {"error", "rejected"}
-        root.set_status(Status(StatusCode.ERROR if failed else StatusCode.OK))
+        root.set_status(Status(StatusCode.ERROR if done.failed else StatusCode.OK))
         root.end(end_time=_ns(end))
 
     def _child(self, name: str, ctx, start: float, end: float, attributes=None) -> None:
@@ -83,25 +84,22 @@ class Telemetry:
         span.end(end_time=_ns(max(start, end)))
 
 
-def _attributes(gen) -> dict:
-    u = gen.usage
-    attrs = {"request.id": gen.job.request_id, "priority": gen.job.priority,
-             "gen_ai.request.model": gen.model_name or "",
-             "gen_ai.usage.input_tokens": u.prompt_tokens,
-             "gen_ai.usage.output_tokens": u.completion_tokens,
-             "cached_tokens": u.cached_tokens,
-             "finish_reason": ",".join(sorted(set(gen.finish_reasons.values()))) or "none"}
-    if gen.job.worker is not None:
-        attrs["worker"] = gen.job.worker.index
-        attrs["device"] = gen.job.worker.info.device if gen.job.worker.info else ""
-    if gen.charge is not None:
-        attrs["tenant"] = gen.charge.key.tenant.name
-        for k, v in gen.charge.cost.as_dict().items():
-            if k != "currency":
-                attrs[f"cost.{k}"] = v
-    if gen.first_token_at is not None:
-        attrs["ttft_s"] = gen.first_token_at - gen.enqueued_at
-    spec = (gen.worker_timing or {}).get("spec_acceptance")
+def _attributes(done: RequestFinished) -> dict:
+    attrs = {"request.id": done.request_id, "priority": done.priority,
+             "gen_ai.request.model": done.model or "",
+             "gen_ai.usage.input_tokens": done.prompt_tokens,
+             "gen_ai.usage.output_tokens": done.completion_tokens,
+             "cached_tokens": done.cached_tokens, "tenant": done.tenant,
+             "finish_reason": done.reasons_text or "none"}
+    if done.worker_index is not None:
+        attrs["worker"] = done.worker_index
+        attrs["device"] = done.device or ""
+    for k, v in done.cost.as_dict().items():
+        if k != "currency":
+            attrs[f"cost.{k}"] = v
+    if done.ttft_seconds is not None:
+        attrs["ttft_s"] = done.ttft_seconds
+    spec = (done.worker_timing or {}).get("spec_acceptance")
     if spec is not None:
         attrs["spec.acceptance"] = spec
     return attrs

@@ -22,12 +22,11 @@ from aiohttp import WSMsgType, web
 from gateway.admission import admit
 from gateway.auth import authenticate
 from gateway.accounting import wait_committed
-from gateway.completions import usage_of
+from gateway.completions import InterTokenClock, chunker_for, usage_of
 from gateway.errors import APIError, bad_request
 from gateway.hard_close import hard_close
 from gateway.openai_api import parse_request
 from gateway.state import STATE
-from gateway.stream_chunker import StreamChunker
 
 log = logging.getLogger(__name__)
 MAX_REQUESTS_PER_SOCKET = 128
@@ -132,25 +131,17 @@ class Connection:
         service = self.state.require_service()  # 503 until a worker is ready
         gen = await admit(self.state, self.key, req, body)
         watcher = asyncio.create_task(self._report_position(rid, gen))
-        chunker = StreamChunker(req.kind, gen.job.request_id, self.state.model_name,
-                                gen.created, include_usage=False)
-        started: set[int] = set()
+        chunker = chunker_for(self.state, gen, include_usage=False)
+        itl = InterTokenClock(self.state)
         try:
             async for delta in service.stream(gen):
                 watcher.cancel()
-                chunks = [] if delta.index in started else chunker.start(delta.index)
-                started.add(delta.index)
-                if delta.text or delta.logprobs:
-                    chunks.append(chunker.delta(delta.index, delta.text, delta.logprobs))
-                if delta.finish_reason is not None:
-                    chunks.append(chunker.finish(delta.index, delta.finish_reason))
-                for chunk in chunks:
+                for chunk in chunker.chunks(delta):
                     await self.send({"type": "chunk", "id": rid, "data": chunk})
+                itl.tick(len(delta.token_ids))
         finally:
             watcher.cancel()
         await wait_committed(gen)  # the bill is durable before the client sees "done"
-        if self.state.metrics is not None:
-            self.state.metrics.observe_finished(gen)
         await self.send({"type": "done", "id": rid, "usage": usage_of(gen)})
 
     async def _report_position(self, rid: str, gen) -> None:

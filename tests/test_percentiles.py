@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import math
 import random
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from console.state import ConsoleState
+from gateway.pricing import ZERO_COST
+from gateway.request_finished import RequestFinished
 from gateway.snapshot import SnapshotBuilder
 from loadtest.figures import _median
 from loadtest.stats import summarize
@@ -57,16 +58,13 @@ def test_each_caller_keeps_its_empty_answer():
     assert math.isnan(percentile([], 99))  # the function itself (and the benchmarks): NaN
 
 
-def _settled(ttft: float, finished: float):
-    """A settled generation as the accounting hands it to the snapshot: TTFT from its
-    enqueue and first-token times, ITL from the worker's timing (first token at 1 s, finished
-    at `finished`) over two output tokens."""
-    return SimpleNamespace(
-        usage=SimpleNamespace(prompt_tokens=10, cached_tokens=4, completion_tokens=2),
-        charge=SimpleNamespace(cost=SimpleNamespace(total=0.0),
-                               key=SimpleNamespace(tenant=SimpleNamespace(name="t"))),
-        enqueued_at=0.0, first_token_at=ttft,
-        worker_timing={"first_token": 1.0, "finished": finished})
+def _settled(ttft: float, finished: float) -> RequestFinished:
+    """A settled request as the accounting hands it to the snapshot: TTFT from its enqueue
+    and first-token times, ITL from the worker's timing (first token at 1 s, finished at
+    `finished`) over two output tokens."""
+    return RequestFinished("r", "t", "k", "m", 0, "ok", 10, 4, 2, ZERO_COST, 1.0, ("length",),
+                           0.0, 0.0, ttft, 5.0, 0, "cpu", None,
+                           {"first_token": 1.0, "finished": finished})
 
 
 def test_console_and_load_tester_agree_on_the_same_latencies():

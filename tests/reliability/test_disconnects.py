@@ -93,4 +93,11 @@ def test_disconnect_storm(gw):
                   and 'tenant="storm"' in line)
     ledger = sum(r["cost_total"] for r in gw.ledger_rows("tenant = 'storm'"))
     assert abs(revenue - ledger) < 1e-9, (revenue, ledger)
+    # and the token metrics count every request the way the bill does, cut ones included
+    # (they are the gateway's totals: the storm's rows plus the baseline checks' requests)
+    all_rows = gw.ledger_rows()
+    totals = gw.metrics(["vllm:generation_tokens_total", "vllm:prompt_tokens_total"])
+    assert totals["vllm:generation_tokens_total"] == sum(r["output_tokens"] for r in all_rows)
+    assert totals["vllm:prompt_tokens_total"] == sum(
+        r["cache_hit_tokens"] + r["cache_miss_tokens"] for r in all_rows)
     print({k: len(v) for k, v in by_where.items()}, "rows", len(rows), "cancelled", len(cut))
