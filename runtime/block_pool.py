@@ -92,10 +92,6 @@ class BlockPool:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
     def can_allocate(self, num_blocks: int) -> bool:
         return num_blocks <= self.num_free_blocks
 

@@ -1,7 +1,7 @@
 """Frozen configuration: the model's shape (read from a checkpoint) and the engine's limits."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,6 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     seed: int = 0
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:

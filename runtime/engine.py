@@ -17,7 +17,8 @@ from runtime.model_runner import ModelRunner, StepSample
 from runtime.outputs import EngineCounters, RequestOutput, StepStats, Usage, wall_clock
 from runtime.request import Request, RequestStatus
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
+from runtime.scheduler import Scheduler
+from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.drafter import ModelDrafter
 from runtime.validate import validate_request
@@ -112,8 +113,6 @@ class LLMEngine:
         request = Request(request_id, list(prompt_token_ids), params, priority,
                           arrival_time if arrival_time is not None else time.monotonic(),
                           cache_salt)
-        if params.seed is not None:
-            request.generator = self.runner.make_generator(params.seed)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
         self.requests[request_id] = request
         self.scheduler.add_request(request)
@@ -134,17 +133,17 @@ class LLMEngine:
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
         sched = self.scheduler.schedule()
-        sampling = [s.request for s in sched.scheduled if s.samples]
-        result = self.runner.run(sched, sampling)
-        self.scheduler.update_computed(sched, result.rejected)
-        self._count_spec(sched, result)
-        outputs = self._postprocess(sampling, result)
+        result = self.runner.run(sched, self.requests)
+        outputs = self._postprocess(sched, result)
         return outputs, self._stats(sched, time.perf_counter() - start)
 
-    def _postprocess(self, sampling: list[Request], result: StepSample):
+    def _postprocess(self, sched: SchedulerOutput, result: StepSample) -> list[RequestOutput]:
+        """Advance the requests, append their sampled tokens, stream and finish them."""
+        sampled = self.scheduler.update_computed(sched, result.rejected)
+        self._count_spec(sched, result)
         outputs = []
         now = time.monotonic()
-        for request in sampling:
+        for request in sampled:
             tokens, text, finish = [], "", None
             for token in result.tokens[request.request_id]:
                 request.output_token_ids.append(token)
@@ -190,10 +189,10 @@ class LLMEngine:
                       "scheduled": wall_clock(request.first_scheduled_time),
                       "first_token": wall_clock(request.first_token_time),
                       "finished": time.time(), "preemptions": request.num_preemptions}
-            spec = request.spec_state
-            if spec["proposed"]:
-                timing["spec_acceptance"] = spec["accepted"] / spec["proposed"]
-                timing["spec_proposed"] = spec["proposed"]
+            spec = request.spec
+            if spec.num_proposed:
+                timing["spec_acceptance"] = spec.num_accepted / spec.num_proposed
+                timing["spec_proposed"] = spec.num_proposed
         return RequestOutput(request.request_id, tokens, text, finished,
                              request.status.value if finished else None, usage, logprobs,
                              request.stop_reason if finished else None, timing)
@@ -203,7 +202,7 @@ class LLMEngine:
         c = self.counters
         for s in sched.scheduled:
             if s.num_spec:
-                accepted = s.num_spec - result.rejected.get(s.request.request_id, 0)
+                accepted = s.num_spec - result.rejected.get(s.request_id, 0)
                 c.spec_drafts += 1
                 c.spec_draft_tokens += s.num_spec
                 c.spec_accepted_tokens += accepted
@@ -213,8 +212,6 @@ class LLMEngine:
                     c.spec_accepted_per_pos[pos] += 1
 
     def _count_finished(self, request: Request) -> None:
-        reason = request.status.value
-        self.counters.num_finished[reason] = self.counters.num_finished.get(reason, 0) + 1
         self.counters.num_preemptions += request.num_preemptions
 
     def _stats(self, sched: SchedulerOutput, seconds: float) -> StepStats:
@@ -227,7 +224,7 @@ class LLMEngine:
         return StepStats(len(sched.scheduled), prefill, decode, seconds,
                          self.kv.pool.num_used_blocks, self.kv.pool.num_blocks,
                          self.scheduler.num_running, self.scheduler.num_waiting,
-                         len(sched.preempted))
+                         len(sched.preempted_request_ids))
 
     # ---- descriptions for a worker's peers ---------------------------------------------
     def info(self) -> dict:
@@ -262,11 +259,12 @@ class LLMEngine:
         if not self.kv.allocate_slots(request, request.num_tokens):
             raise MemoryError("the prompt does not fit in the KV cache")
         try:
-            sched = SchedulerOutput([ScheduledRequest(request, request.num_tokens, 0)],
-                                    kv_transfers=self.kv.take_transfers())
+            whole = ScheduledRequest(request.request_id, 0, tuple(request.prompt_token_ids),
+                                     tuple(self.kv.block_ids(request.request_id)))
+            sched = SchedulerOutput((whole,), kv_transfers=self.kv.take_transfers())
             return self.runner.all_logits(sched)
         finally:
-            self.kv.free(request)
+            self.kv.remove(request.request_id)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  ) -> list[list[int]]:
@@ -307,7 +305,7 @@ class LLMEngine:
         if request is None:
             return None
         n = self.kv.num_blocks_for(request.num_prompt_tokens)
-        blocks = [self.runner.read_block(b) for b in request.block_ids[:n]]
+        blocks = [self.runner.read_block(b) for b in self.kv.block_ids(request_id)[:n]]
         self.scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
         return blocks
 
@@ -321,8 +319,6 @@ class LLMEngine:
         self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
         request = Request(request_id, list(prompt_token_ids), params, priority,
                           time.monotonic(), cache_salt)
-        if params.seed is not None:
-            request.generator = self.runner.make_generator(params.seed)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
         for token in output_token_ids:
             request.output_token_ids.append(token)
@@ -330,12 +326,12 @@ class LLMEngine:
         num_blocks = self.kv.num_blocks_for(request.num_prompt_tokens)
         if num_blocks > self.kv.num_free_blocks:
             raise MemoryError("the prompt's KV does not fit in this worker's cache")
-        request.blocks = self.kv.pool.allocate(num_blocks)
+        block_ids = self.kv.allocate_blocks(request_id, num_blocks)
         self.runner.apply_kv_transfers(self.kv.take_transfers())  # evicted blocks saved first
         request.num_cached_tokens = num_cached_tokens
         request.first_token_time = request.arrival_time
         self.requests[request_id] = request
-        return request.block_ids
+        return block_ids
 
     def finish_import(self, request_id: str) -> bool:
         """Every prompt block is written: the request joins the batch at its first token."""

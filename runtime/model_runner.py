@@ -1,12 +1,15 @@
 """Tensors live here: the KV cache, the step's input tensors, the forward pass and sampling.
 
-`run(scheduler_output, sampling_requests)` packs the scheduled tokens as
-[decode tokens | prefill chunks], runs the model once, computes logits only for the requests
-that sample this step, and returns their sampled tokens.
+`run(scheduler_output, requests)` packs the scheduled tokens as [decode tokens | prefill
+chunks], runs the model once, computes logits only for the requests that sample this step,
+and returns their sampled tokens. `requests` maps ids to requests, read for sampling state
+only; the runner's own per-request state (seeded generators, a draft model's progress) lives
+here until the scheduler reports the request finished.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -14,11 +17,11 @@ import kernels
 from runtime.attention import AttentionMetadata, PrefillSeq
 from runtime.config import EngineConfig, ModelConfig
 from runtime.model import LlamaModel
-from runtime.request import Request
 from runtime.outputs import TokenLogprob
+from runtime.request import Request
 from runtime.sampler import Sampler, SamplingRow
+from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.verify import verify
-from runtime.scheduler import SchedulerOutput
 
 
 @dataclass
@@ -58,6 +61,7 @@ class ModelRunner:
         self.sampler = Sampler(config.device, seed=config.seed)
         self.disk = disk  # the prefix cache's disk tier, or None
         self.drafter = None  # a model drafter for speculative decoding (self or draft model)
+        self._generators: dict[str, torch.Generator] = {}  # seeded requests' own streams
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -91,48 +95,63 @@ class ModelRunner:
                  torch.zeros(shape, dtype=self.dtype, device=self.device))
                 for _ in range(self.model_cfg.num_hidden_layers)]
 
-    def make_generator(self, seed: int) -> torch.Generator:
-        g = torch.Generator(device=self.device)
-        g.manual_seed(seed)
+    # ---- per-request state -------------------------------------------------------------
+    def _generator(self, request: Request) -> torch.Generator | None:
+        """A seeded request's own generator, made at its first sample and kept across
+        preemption, so its draws do not depend on what it was batched with."""
+        if request.params.seed is None:
+            return None
+        g = self._generators.get(request.request_id)
+        if g is None:
+            g = self._generators[request.request_id] = torch.Generator(device=self.device)
+            g.manual_seed(request.params.seed)
         return g
 
+    def forget(self, request_ids: Sequence[str]) -> None:
+        """Drop the state of requests that left (their ids may be reused)."""
+        for rid in request_ids:
+            self._generators.pop(rid, None)
+        if self.drafter is not None:
+            self.drafter.forget(request_ids)
+
     # ---- packing ----------------------------------------------------------------------
-    def _slots(self, request: Request, start: int, end: int) -> torch.Tensor:
+    def _slots(self, block_ids: tuple[int, ...], start: int, end: int) -> torch.Tensor:
         pos = torch.arange(start, end)
-        table = torch.tensor(request.block_ids, dtype=torch.long)
+        table = torch.tensor(block_ids, dtype=torch.long)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def prepare(self, out: SchedulerOutput, model_cfg: ModelConfig | None = None):
+    def prepare(self, batch: Sequence[ScheduledRequest], model_cfg: ModelConfig | None = None):
         """Order tokens as [decodes | prefills]; return (input_ids, meta, last_index), where
-        last_index maps a request id to the row of its last scheduled token."""
+        last_index maps a request id to the row of its last token (proposals included)."""
         model_cfg = model_cfg or self.model_cfg
-        decodes = [s for s in out.scheduled if s.num_new_tokens == 1]
-        prefills = [s for s in out.scheduled if s.num_new_tokens > 1]
+        decodes = [s for s in batch if s.num_new_tokens == 1]
+        prefills = [s for s in batch if s.num_new_tokens > 1]
         bs = self.block_size
         # a decode needs only its new token's position and slot: plain ints, no tensors
         ids, positions, last_index = [], [], {}
-        slot_chunks = [torch.tensor([s.request.block_ids[s.start_position // bs] * bs
+        slot_chunks = [torch.tensor([s.block_ids[s.start_position // bs] * bs
                                      + s.start_position % bs for s in decodes],
                                     dtype=torch.long)]
         for i, s in enumerate(decodes):
-            ids.extend(s.request.token_slice_with_spec(s.start_position, s.start_position + 1))
-            last_index[s.request.request_id] = i
+            ids.extend(s.token_ids)
+            last_index[s.request_id] = i
         positions.append(torch.tensor([s.start_position for s in decodes], dtype=torch.long))
         pre_meta, offset = [], len(decodes)
         for s in prefills:
-            r, start, n = s.request, s.start_position, s.num_new_tokens
-            ids.extend(r.token_slice_with_spec(start, start + n))
+            start, n = s.start_position, s.num_new_tokens
+            ids.extend(s.token_ids + s.spec_token_ids)
             positions.append(torch.arange(start, start + n))
-            ctx_slots = self._slots(r, 0, start + n)
+            ctx_slots = self._slots(s.block_ids, 0, start + n)
             slot_chunks.append(ctx_slots[start:])
             pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
             offset += n
-            last_index[r.request_id] = offset - 1
+            last_index[s.request_id] = offset - 1
         decode_slots = decode_valid = None
         if decodes:
-            rows = [s.request.block_ids for s in decodes]
+            rows = [s.block_ids for s in decodes]
             width = max(len(t) for t in rows)
-            tables = torch.tensor([t + [0] * (width - len(t)) for t in rows], dtype=torch.long)
+            tables = torch.tensor([[*t, *[0] * (width - len(t))] for t in rows],
+                                  dtype=torch.long)
             lens = torch.tensor([s.start_position + 1 for s in decodes], dtype=torch.long)
             decode_slots, decode_valid = kernels.context_slots(tables, lens, bs)
             decode_slots = decode_slots.to(self.device)
@@ -147,24 +166,24 @@ class ModelRunner:
 
     # ---- one step ---------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, out: SchedulerOutput, sampling: list[Request]) -> StepSample:
-        """Run the scheduled tokens; sample (or verify proposals) for each request in
-        `sampling`, which are the scheduled requests that reach their sequence's end."""
+    def run(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepSample:
+        """Run the scheduled tokens; sample (or verify proposals) for each scheduled request
+        that reaches its sequence's end."""
+        self.forget(out.finished_request_ids)
         self.apply_kv_transfers(out.kv_transfers)
         result = StepSample()
         if out.is_empty:
             return result
-        spec = {s.request.request_id: s.num_spec for s in out.scheduled if s.num_spec}
-        if self.drafter is not None and spec:  # a draft model catches up lazily, from
-            self.drafter.propose(out)          # each request's `draft_written` position
-        input_ids, meta, last_index = self.prepare(out)
+        batch = self._with_drafts(out, requests)
+        input_ids, meta, last_index = self.prepare(batch)
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
-        plain = [r for r in sampling if r.request_id not in spec]
+        sampling = [s for s in batch if s.samples]
+        plain = [requests[s.request_id] for s in sampling if not s.num_spec]
         if plain:
             idx = torch.tensor([last_index[r.request_id] for r in plain], device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, idx))
-            rows = [SamplingRow(r.params, r.generator, r.prompt_token_ids, r.output_token_ids)
-                    for r in plain]
+            rows = [SamplingRow(r.params, self._generator(r), r.prompt_token_ids,
+                                r.output_token_ids) for r in plain]
             sampled = self.sampler(logits, rows)
             for i, r in enumerate(plain):
                 result.tokens[r.request_id] = [sampled.token_ids[i]]
@@ -172,19 +191,30 @@ class ModelRunner:
                     result.logprobs[r.request_id] = [TokenLogprob(
                         sampled.token_ids[i], sampled.logprobs[i],
                         tuple(sampled.top_logprobs[i] or ()))]
-        for r in sampling:
-            k = spec.get(r.request_id, 0)
+        for s in sampling:
+            k = s.num_spec
             if k:
-                last = last_index[r.request_id]
+                r = requests[s.request_id]
+                last = last_index[s.request_id]
                 logits = self.model.compute_logits(hidden[last - k:last + 1])
-                tokens = verify(logits, r.spec_token_ids[:k], r.params, r.generator)
-                result.tokens[r.request_id] = tokens
-                result.rejected[r.request_id] = k - (len(tokens) - 1)
+                tokens = verify(logits, list(s.spec_token_ids[:k]), r.params, self._generator(r))
+                result.tokens[s.request_id] = tokens
+                result.rejected[s.request_id] = k - (len(tokens) - 1)
         return result
+
+    def _with_drafts(self, out: SchedulerOutput,
+                     requests: Mapping[str, Request]) -> list[ScheduledRequest]:
+        """The step's batch with every proposal in place: n-gram proposals came with the
+        schedule; a model drafter makes its own now (a draft model catching up first)."""
+        if self.drafter is None or not any(s.num_spec for s in out.scheduled):
+            return list(out.scheduled)
+        drafts = self.drafter.propose(out, requests)
+        return [replace(s, spec_token_ids=drafts[s.request_id]) if s.num_spec else s
+                for s in out.scheduled]
 
     @torch.inference_mode()
     def all_logits(self, out: SchedulerOutput) -> torch.Tensor:
         """Logits at every scheduled position (scoring and tests; the step path skips this)."""
         self.apply_kv_transfers(out.kv_transfers)
-        input_ids, meta, _ = self.prepare(out)
+        input_ids, meta, _ = self.prepare(out.scheduled)
         return self.model.compute_logits(self.model.forward(input_ids, meta, self.kv_caches))

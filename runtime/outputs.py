@@ -74,7 +74,6 @@ class EngineCounters:
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     num_preemptions: int = 0
-    num_finished: dict = field(default_factory=dict)  # finish_reason -> count
     seconds_busy: float = 0.0
     spec_drafts: int = 0  # request-steps that verified proposals
     spec_draft_tokens: int = 0

@@ -48,10 +48,6 @@ class PrefixCacheStats:
     disk_hits: int = 0  # of `hits`, tokens read back from disk
     evictions: int = 0  # cached blocks dropped from the pool
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
 
 class CachedBlockTable:
     """hash -> block for every full block whose KV is resident in the pool."""
@@ -88,7 +84,3 @@ class CachedBlockTable:
     def entries(self) -> list[tuple[KVBlock, bytes, tuple[int, ...]]]:
         """Every resident cached block with its hash and tokens."""
         return [(b, h, self._tokens[b.block_id]) for h, b in self._by_hash.items()]
-
-    def clear(self) -> None:
-        self._by_hash.clear()
-        self._tokens.clear()

@@ -1,4 +1,7 @@
-"""Per-request state the scheduler and runner share: token ids, progress counters, block table."""
+"""Per-request state the scheduler and engine share: token ids, progress counters, status.
+
+Blocks and block hashes are not here: the KV cache manager owns them (`kv.block_ids(id)`).
+"""
 from __future__ import annotations
 
 import enum
@@ -6,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.sampling_params import SamplingParams
+from runtime.spec_decode.governor import SpecState
 
 
 class RequestStatus(enum.Enum):
@@ -26,7 +30,8 @@ class Request:
     """One generation request.
 
     `num_computed_tokens` catches up with `num_tokens` (prompt plus output so far): a prefill
-    chunk, a decode step and a recompute after preemption all follow that one rule.
+    chunk, a decode step and a recompute after preemption all follow that one rule. Only the
+    scheduler (and the engine, for disaggregation) changes it.
     """
 
     request_id: str
@@ -38,19 +43,11 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache, first admission
-    blocks: list = field(default_factory=list)  # KVBlock objects, in position order
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     stop_reason: str | int | None = None
-    generator: object = None  # torch.Generator for seeded sampling (set by the runner)
     detokenizer: object = None  # IncrementalDetokenizer (set by the engine)
-    block_hash_root: bytes | None = None  # prefix-cache chain root (model id + salt)
-    block_hashes: list = field(default_factory=list)  # chained hashes of full blocks
-    num_hashed_blocks: int = 0  # leading blocks already registered in the prefix cache
-    spec_token_ids: list = field(default_factory=list)  # proposals being verified this step
-    draft_written: int = 0  # positions [0, n) written to a draft model's own KV cache
-    spec_state: dict = field(default_factory=lambda: {"rate": 1.0, "paused": 0,
-                                                      "proposed": 0, "accepted": 0})
+    spec: SpecState = field(default_factory=SpecState)  # the speculation governor's record
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
 
@@ -67,36 +64,14 @@ class Request:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.blocks]
-
-    @property
     def is_finished(self) -> bool:
         return self.status.is_finished
-
-    def token_at(self, position: int) -> int:
-        n = len(self.prompt_token_ids)
-        if position < n:
-            return self.prompt_token_ids[position]
-        return self.output_token_ids[position - n]
 
     def token_slice(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
-
-    def token_slice_with_spec(self, start: int, end: int) -> list[int]:
-        """Tokens in [start, end), where positions past the sequence are the proposals."""
-        n = self.num_tokens
-        if end <= n:
-            return self.token_slice(start, end)
-        return (self.token_slice(start, n) if start < n else []) + \
-            self.spec_token_ids[max(0, start - n):end - n]
-
-    @property
-    def spec_allowed(self) -> bool:
-        return self.params.speculative
 
     @property
     def sort_key(self) -> tuple:

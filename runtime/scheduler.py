@@ -4,6 +4,10 @@ There is no prefill or decode phase: every request's `num_computed_tokens` catch
 `num_tokens`. A long prompt is cut into chunks that share a step with other requests' decodes.
 When blocks run out, the least urgent running request (highest priority value, latest arrival)
 is preempted: its blocks are freed and it is recomputed later from its tokens.
+
+The scheduler is the one place that advances requests' counters; the KV manager says what it
+allocated and the scheduler turns that into computed and cached tokens. Each step's plan goes
+out as a frozen `SchedulerOutput` (runtime/scheduler_output.py) holding ids and ints only.
 """
 from __future__ import annotations
 
@@ -12,42 +16,12 @@ import time
 from dataclasses import dataclass, field
 
 from runtime.config import EngineConfig
-from runtime.kv_cache import KVCacheManager, KVTransfers
+from runtime.kv_cache import KVCacheManager, PrefixHit
 from runtime.request import Request, RequestStatus
+from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.governor import Governor
 from runtime.spec_decode.ngram import propose_ngram
-
-
-@dataclass
-class ScheduledRequest:
-    request: Request
-    num_new_tokens: int  # includes num_spec proposed tokens
-    start_position: int  # == request.num_computed_tokens when scheduled
-    num_spec: int = 0  # proposed tokens verified this step (the last num_spec of the new ones)
-
-    @property
-    def samples(self) -> bool:
-        """Whether this step ends at the sequence's end, so a token is sampled."""
-        return self.start_position + self.num_new_tokens - self.num_spec == \
-            self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    """Plain data for the model runner: which tokens of which requests run this step."""
-
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
-    kv_transfers: KVTransfers = field(default_factory=KVTransfers)
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
 
 
 class WaitingQueue:
@@ -86,8 +60,13 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def __iter__(self):
-        return (r for _, r in sorted(self._heap, key=lambda e: e[0]) if r.request_id in self._ids)
+
+@dataclass
+class _StepPlan:
+    """The step being planned; frozen into a SchedulerOutput once complete."""
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
 
 
 class Scheduler:
@@ -100,6 +79,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
+        self._finished_ids: list[str] = []  # reported with the next step's output
 
     # ---- queue management -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -112,8 +92,9 @@ class Scheduler:
             self.waiting.remove(request)
         elif request in self.running:
             self.running.remove(request)
-        self.kv.free(request)
+        self.kv.remove(request.request_id)
         request.status = status
+        self._finished_ids.append(request.request_id)
 
     @property
     def num_waiting(self) -> int:
@@ -128,15 +109,16 @@ class Scheduler:
 
     # ---- one step ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        plan = _StepPlan()
         budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(out, budget)
-        if not out.preempted:  # no room was short this step: admit waiting requests
-            self._schedule_waiting(out, budget)
-        out.kv_transfers = self.kv.take_transfers()
-        return out
+        budget = self._schedule_running(plan, budget)
+        if not plan.preempted:  # no room was short this step: admit waiting requests
+            self._schedule_waiting(plan, budget)
+        finished, self._finished_ids = tuple(self._finished_ids), []
+        return SchedulerOutput(tuple(plan.scheduled), tuple(plan.preempted), finished,
+                               self.kv.take_transfers())
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+    def _schedule_running(self, plan: _StepPlan, budget: int) -> int:
         scheduled_ids: set[str] = set()
         decoding = sum(1 for r in self.running if r.num_computed_tokens == r.num_tokens - 1)
         speculate = self.governor.step_allows(decoding)
@@ -148,22 +130,22 @@ class Scheduler:
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             if num_new <= 0:
                 continue
-            num_spec = self._plan_spec(request, budget) if speculate and num_new == 1 else 0
+            num_spec, proposals = self._plan_spec(request, budget) if speculate and \
+                num_new == 1 else (0, ())
             num_new += num_spec
-            while not self.kv.allocate_slots(request, num_new):
+            while self.kv.allocate_slots(request, num_new) is None:
                 victim = self._pick_victim(exclude=scheduled_ids)
-                self._preempt(victim, out)
+                self._preempt(victim, plan)
                 if victim is request:
                     break
             if request.status is not RequestStatus.RUNNING:
-                request.spec_token_ids = []
-                continue
-            self._add(out, request, num_new, num_spec)
+                continue  # it made room for others: its proposals are dropped with it
+            self._add(plan, request, num_new - num_spec, num_spec, proposals)
             scheduled_ids.add(request.request_id)
             budget -= num_new
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, plan: _StepPlan, budget: int) -> None:
         deferred: list[Request] = []
         in_flight = self._prefix_blocks_in_flight()
         while budget > 0:
@@ -171,7 +153,7 @@ class Scheduler:
             if request is None:
                 break
             if len(self.running) >= self.config.max_num_seqs and \
-                    not self._preempt_for(request, out):
+                    not self._preempt_for(request, plan):
                 break
             hit = self.kv.match_prefix(request)
             if self._next_block_in_flight(request, hit, in_flight):
@@ -182,20 +164,28 @@ class Scheduler:
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
-            if not self.kv.allocate_slots(request, num_new, hit):
-                if self._preempt_for(request, out):
+            allocation = self.kv.allocate_slots(request, num_new, hit)
+            if allocation is None:
+                if self._preempt_for(request, plan):
                     continue  # a less urgent request made room: look again
                 break  # the most urgent waiting request does not fit: keep order, wait
             self.waiting.pop()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            if request.first_scheduled_time is None:
-                request.first_scheduled_time = time.monotonic()
-            self._add(out, request, num_new)
+            self._admit(request, allocation.num_cached_tokens)
+            self._add(plan, request, num_new)
             budget -= num_new
             in_flight.update(self._pending_prompt_blocks(request))
         for request in deferred:
             self.waiting.push(request)
+
+    def _admit(self, request: Request, num_cached: int) -> None:
+        """A waiting request starts running, after the tokens the prefix cache served."""
+        request.num_computed_tokens += num_cached
+        if request.num_preemptions == 0:  # billing counts the first admission only
+            request.num_cached_tokens = min(num_cached, request.num_prompt_tokens)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
 
     # ---- prefix-aware admission ---------------------------------------------------------
     def _pending_prompt_blocks(self, request: Request) -> list[bytes]:
@@ -212,7 +202,8 @@ class Scheduler:
             pending.update(self._pending_prompt_blocks(r))
         return pending
 
-    def _next_block_in_flight(self, request: Request, hit, in_flight: set[bytes]) -> bool:
+    def _next_block_in_flight(self, request: Request, hit: PrefixHit,
+                              in_flight: set[bytes]) -> bool:
         """True when the first block this request would compute is being computed by a
         running request: waiting a step or two turns that recompute into a cache hit."""
         if not in_flight:
@@ -220,26 +211,32 @@ class Scheduler:
         hashes = self.kv.block_hashes_upto(request, request.num_tokens - 1)
         return hit.num_blocks < len(hashes) and hashes[hit.num_blocks] in in_flight
 
-    def _add(self, out: SchedulerOutput, request: Request, num_new: int,
-             num_spec: int = 0) -> None:
-        out.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens,
-                                              num_spec))
+    def _add(self, plan: _StepPlan, request: Request, num_tokens: int, num_spec: int = 0,
+             proposals: tuple[int, ...] = ()) -> None:
+        """Schedule the request's next `num_tokens` tokens, then `num_spec` proposals."""
+        start = request.num_computed_tokens
+        end = start + num_tokens
+        plan.scheduled.append(ScheduledRequest(
+            request.request_id, start, tuple(request.token_slice(start, end)),
+            tuple(self.kv.block_ids(request.request_id)), num_spec, proposals,
+            samples=end == request.num_tokens))
 
-    def _plan_spec(self, request: Request, budget: int) -> int:
-        """How many proposed tokens to verify for a decoding request this step. n-gram
-        proposals are made here; a model drafter fills `spec_token_ids` in the runner."""
+    def _plan_spec(self, request: Request, budget: int) -> tuple[int, tuple[int, ...]]:
+        """How many proposed tokens to verify for a decoding request this step, and the
+        proposals when they are known now: n-gram lookups are made here, a model drafter
+        makes its own in the runner."""
         room = min(request.params.max_tokens - request.num_output_tokens - 1,
                    self.max_model_len - request.num_tokens - 1, budget - 1)
         k = min(self.governor.num_tokens(request), room)
         if k <= 0:
-            return 0
+            return 0, ()
         if self.spec.method == "ngram":
-            request.spec_token_ids = propose_ngram(
-                request.prompt_token_ids + request.output_token_ids, k)
-            return len(request.spec_token_ids)
-        return k
+            proposals = tuple(propose_ngram(
+                request.prompt_token_ids + request.output_token_ids, k))
+            return len(proposals), proposals
+        return k, ()
 
-    def _preempt_for(self, request: Request, out: SchedulerOutput) -> bool:
+    def _preempt_for(self, request: Request, plan: _StepPlan) -> bool:
         """Preempt the least urgent running request if `request` is strictly more urgent
         (by priority class, not arrival), so an urgent arrival need not wait for a slot."""
         if not self.running:
@@ -247,7 +244,7 @@ class Scheduler:
         victim = max(self.running, key=lambda r: r.sort_key)
         if victim.priority <= request.priority:
             return False
-        self._preempt(victim, out)
+        self._preempt(victim, plan)
         return True
 
     def _pick_victim(self, exclude: set[str]) -> Request:
@@ -258,31 +255,32 @@ class Scheduler:
         candidates = [r for r in self.running if r.request_id not in exclude] or self.running
         return max(candidates, key=lambda r: r.sort_key)
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, plan: _StepPlan) -> None:
         self.running.remove(request)
-        self.kv.free(request)
+        self.kv.free(request.request_id)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.PREEMPTED
         self.waiting.push(request)
-        out.preempted.append(request)
+        plan.preempted.append(request.request_id)
         # drop a chunk already scheduled for it this step (only when nothing else was left)
-        out.scheduled = [s for s in out.scheduled if s.request is not request]
+        plan.scheduled = [s for s in plan.scheduled if s.request_id != request.request_id]
 
     # ---- after the model ran ----------------------------------------------------------
     def update_computed(self, out: SchedulerOutput,
                         num_rejected: dict[str, int] | None = None) -> list[Request]:
         """Advance counters (rejected proposals are not computed: their KV is dropped and
         blocks past the sequence are freed); return the requests that sampled this step."""
+        running = {r.request_id: r for r in self.running}  # every scheduled one is running
         ready = []
         for s in out.scheduled:
-            rejected = (num_rejected or {}).get(s.request.request_id, 0) if s.num_spec else 0
-            s.request.num_computed_tokens += s.num_new_tokens - rejected
+            request = running[s.request_id]
+            rejected = (num_rejected or {}).get(s.request_id, 0) if s.num_spec else 0
+            request.num_computed_tokens += s.num_new_tokens - rejected
             if s.num_spec:
-                self.governor.record(s.request, s.num_spec, s.num_spec - rejected)
-                s.request.spec_token_ids = []
-                self.kv.trim(s.request)
-            self.kv.cache_full_blocks(s.request)
+                self.governor.record(request.spec, s.num_spec, s.num_spec - rejected)
+                self.kv.trim(request)
+            self.kv.cache_full_blocks(request)
             if s.samples:
-                ready.append(s.request)
+                ready.append(request)
         return ready

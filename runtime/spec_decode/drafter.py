@@ -3,16 +3,19 @@
 Self-draft uses the target's own first L layers, final norm and LM head, and the target's KV
 cache for those layers (the target's forward keeps it filled). A draft model has its own
 weights and its own KV cache laid out on the same block tables; before drafting it runs over
-the step's regular tokens too, so its cache keeps pace with the target's.
+the step's regular tokens too, so its cache keeps pace with the target's; how far it got
+for each request is the drafter's own state, dropped when the request finishes.
 Greedy drafts make the draft distribution one-hot, which keeps verification exact.
+Drafters return their proposals; they change no request.
 """
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 
 import torch
 
-from runtime.scheduler import ScheduledRequest, SchedulerOutput
+from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 
 
 class ModelDrafter:
@@ -21,6 +24,7 @@ class ModelDrafter:
         self.model = model
         self.kv_caches = kv_caches
         self.catch_up = catch_up
+        self._written: dict[str, int] = {}  # request id -> positions [0, n) in the draft cache
 
     @classmethod
     def self_draft(cls, runner, num_layers: int) -> "ModelDrafter":
@@ -45,50 +49,57 @@ class ModelDrafter:
                   for _ in range(cfg.num_hidden_layers)]
         return cls(runner, model, caches, catch_up=True)
 
+    def forget(self, request_ids: Sequence[str]) -> None:
+        for rid in request_ids:
+            self._written.pop(rid, None)
+
     @torch.inference_mode()
-    def propose(self, out: SchedulerOutput) -> None:
-        """Fill `spec_token_ids` of every speculating request with `num_spec` greedy drafts.
-        Called only in steps that speculate: a draft model first catches up on every position
-        its cache lacks (since its last use), so steps without speculation cost it nothing."""
+    def propose(self, out: SchedulerOutput, requests: Mapping[str, object]
+                ) -> dict[str, tuple[int, ...]]:
+        """`num_spec` greedy drafts for every speculating request, by request id. Called only
+        in steps that speculate: a draft model first catches up on every position its cache
+        lacks (since its last use), so steps without speculation cost it nothing."""
         spec = [s for s in out.scheduled if s.num_spec]
-        for s in spec:
-            s.request.spec_token_ids = []
-        if self.catch_up:
-            first = self._catch_up_batch(out)
-        elif spec:  # the target's cache already holds every earlier position for these layers
-            first = SchedulerOutput([ScheduledRequest(s.request, 1, s.start_position)
-                                     for s in spec])
-        else:
-            return
-        self._draft_one(first, spec)
         if not spec:
-            return
+            return {}
+        drafts: dict[str, list[int]] = {s.request_id: [] for s in spec}
+        if self.catch_up:
+            first = self._catch_up_batch(out, requests)
+        else:  # the target's cache already holds every earlier position for these layers
+            first = [_decode(s, 0, s.token_ids[-1]) for s in spec]
+        self._draft_one(first, spec, drafts)
         for j in range(1, max(s.num_spec for s in spec)):
             active = [s for s in spec if s.num_spec > j]
-            step = SchedulerOutput([ScheduledRequest(s.request, 1, s.start_position + j)
-                                    for s in active])
-            self._draft_one(step, active)
+            self._draft_one([_decode(s, j, drafts[s.request_id][j - 1]) for s in active],
+                            active, drafts)
+        return {rid: tuple(tokens) for rid, tokens in drafts.items()}
 
-    def _catch_up_batch(self, out: SchedulerOutput) -> SchedulerOutput:
+    def _catch_up_batch(self, out: SchedulerOutput,
+                        requests: Mapping[str, object]) -> list[ScheduledRequest]:
         """Every scheduled request's regular tokens, from the first position the draft cache
         lacks: positions it wrote that are no longer computed (rejected drafts, preemption) and
         prefix-cache hits are (re)written. Proposals written earlier and accepted stay."""
         batch = []
         for s in out.scheduled:
-            r = s.request
-            end = s.start_position + s.num_new_tokens - s.num_spec
-            begin = min(r.draft_written, r.num_computed_tokens, s.start_position)
-            batch.append(ScheduledRequest(r, end - begin, begin))
-            r.draft_written = end + max(0, s.num_spec - 1)  # drafts 1..k-1 are written too
-        return SchedulerOutput(batch)
+            end = s.start_position + len(s.token_ids)
+            begin = min(self._written.get(s.request_id, 0), s.start_position)
+            tokens = s.token_ids if begin == s.start_position else \
+                tuple(requests[s.request_id].token_slice(begin, end))
+            batch.append(ScheduledRequest(s.request_id, begin, tokens, s.block_ids))
+            self._written[s.request_id] = end + max(0, s.num_spec - 1)  # drafts 1..k-1 too
+        return batch
 
-    def _draft_one(self, batch: SchedulerOutput, spec: list) -> None:
+    def _draft_one(self, batch: list[ScheduledRequest], spec: list[ScheduledRequest],
+                   drafts: dict[str, list[int]]) -> None:
         input_ids, meta, last_index = self.runner.prepare(batch, self.model.cfg)
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
-        if not spec:
-            return
-        idx = torch.tensor([last_index[s.request.request_id] for s in spec],
-                           device=hidden.device)
-        drafts = self.model.compute_logits(hidden.index_select(0, idx)).argmax(dim=-1).tolist()
-        for s, token in zip(spec, drafts):
-            s.request.spec_token_ids.append(token)
+        idx = torch.tensor([last_index[s.request_id] for s in spec], device=hidden.device)
+        tokens = self.model.compute_logits(hidden.index_select(0, idx)).argmax(dim=-1).tolist()
+        for s, token in zip(spec, tokens):
+            drafts[s.request_id].append(token)
+
+
+def _decode(s: ScheduledRequest, offset: int, token: int) -> ScheduledRequest:
+    """One token of a speculating request at `offset` past its start: the draft model's
+    input for its next draft."""
+    return ScheduledRequest(s.request_id, s.start_position + offset, (token,), s.block_ids)

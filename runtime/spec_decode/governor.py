@@ -10,12 +10,25 @@ to be compute-bound, where verifying guesses costs as much as decoding them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from runtime.spec_decode.config import SpecConfig
 
 EMA = 0.3
 VERIFY_COST = 0.05  # extra target work per proposed token at small batch (memory-bound)
 MIN_GAIN = 1.1  # speculate only when expected tokens per unit of work beat this
 PROBE_EVERY = 32  # steps between probes of a paused request
+
+
+@dataclass
+class SpecState:
+    """One request's speculation record: the governor's acceptance estimate and the totals
+    that end up in the request's final timing."""
+
+    rate: float = 1.0  # running per-token acceptance (optimistic at first, so it probes)
+    num_paused_steps: int = 0  # decode steps since the governor last let it speculate
+    num_proposed: int = 0
+    num_accepted: int = 0
 
 
 def expected_tokens(rate: float, k: int) -> float:
@@ -42,22 +55,21 @@ class Governor:
     def num_tokens(self, request) -> int:
         """Draft length for this request now (0: decode normally)."""
         p = request.params
-        if p.logprobs or p.top_logprobs or p.needs_penalties or not request.spec_allowed:
+        if p.logprobs or p.top_logprobs or p.needs_penalties or not p.speculative:
             return 0  # these need one distribution per step; keep them exact and simple
-        state = request.spec_state
-        k, gain = self.best_k(state["rate"])
+        state = request.spec
+        k, gain = self.best_k(state.rate)
         if gain >= MIN_GAIN:
-            state["paused"] = 0
+            state.num_paused_steps = 0
             return k
-        state["paused"] += 1
-        return 1 if state["paused"] % PROBE_EVERY == 0 else 0
+        state.num_paused_steps += 1
+        return 1 if state.num_paused_steps % PROBE_EVERY == 0 else 0
 
     @staticmethod
-    def record(request, proposed: int, accepted: int) -> None:
+    def record(state: SpecState, proposed: int, accepted: int) -> None:
         if proposed <= 0:
             return
-        state = request.spec_state
         # per-token acceptance: accepting a of k in a run means about (a / k) per position
-        state["rate"] = (1 - EMA) * state["rate"] + EMA * accepted / proposed
-        state["proposed"] += proposed
-        state["accepted"] += accepted
+        state.rate = (1 - EMA) * state.rate + EMA * accepted / proposed
+        state.num_proposed += proposed
+        state.num_accepted += accepted

@@ -52,13 +52,13 @@ def test_manager_allocates_blocks_as_tokens_grow():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     r = make_request("a", 5)
     assert kv.allocate_slots(r, 5)
-    assert r.block_ids == [0, 1]
+    assert kv.block_ids("a") == [0, 1]
     r.num_computed_tokens = 5
     assert kv.allocate_slots(r, 3)  # positions 5..7 fit in block 1
-    assert r.block_ids == [0, 1]
+    assert kv.block_ids("a") == [0, 1]
     r.num_computed_tokens = 8
     assert kv.allocate_slots(r, 1)
-    assert r.block_ids == [0, 1, 2]
+    assert kv.block_ids("a") == [0, 1, 2]
 
 
 def test_manager_refusal_changes_nothing_and_free_returns_tail_first():
@@ -67,6 +67,6 @@ def test_manager_refusal_changes_nothing_and_free_returns_tail_first():
     assert kv.allocate_slots(r, 4)
     other = make_request("b", 4)
     assert not kv.allocate_slots(other, 4)
-    assert other.blocks == [] and kv.num_free_blocks == 1
-    kv.free(r)
+    assert kv.block_ids("b") == [] and kv.num_free_blocks == 1
+    kv.free("a")
     assert kv.pool.free_queue.block_ids() == [2, 1, 0]

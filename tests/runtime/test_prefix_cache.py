@@ -18,10 +18,13 @@ def req(rid, tokens, salt=None):
 
 
 def admit(kv, r):
-    """What the scheduler does for a waiting request that fits whole."""
+    """What the scheduler does for a waiting request that fits whole (it keeps the prompt
+    tokens the cache served)."""
     hit = kv.match_prefix(r)
     n = r.num_tokens - hit.num_blocks * BS
-    assert kv.allocate_slots(r, n, hit)
+    allocation = kv.allocate_slots(r, n, hit)
+    assert allocation
+    r.num_cached_tokens = min(allocation.num_cached_tokens, r.num_prompt_tokens)
     r.num_computed_tokens = r.num_tokens
     kv.cache_full_blocks(r)
     return r
@@ -43,9 +46,9 @@ def test_hash_chain_depends_on_parent_tokens_and_salt():
 def test_hit_reuses_exact_blocks_and_shares_them_by_reference():
     kv = manager()
     a = admit(kv, req("a", range(10)))  # blocks 0,1 full, block 2 partial
-    assert a.block_ids == [0, 1, 2]
+    assert kv.block_ids(a.request_id) == [0, 1, 2]
     b = admit(kv, req("b", list(range(8)) + [50, 51, 52]))
-    assert b.block_ids == [0, 1, 3]
+    assert kv.block_ids(b.request_id) == [0, 1, 3]
     assert b.num_cached_tokens == 8
     assert [kv.pool.blocks[i].ref_cnt for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
     assert (kv.stats.queries, kv.stats.hits) == (21, 8)
@@ -55,7 +58,8 @@ def test_last_token_is_always_computed():
     kv = manager()
     admit(kv, req("a", range(8)))
     b = admit(kv, req("b", range(8)))  # identical: only the first block may hit
-    assert b.num_cached_tokens == 4 and b.block_ids[0] == 0 and b.block_ids[1] != 1
+    blocks = kv.block_ids(b.request_id)
+    assert b.num_cached_tokens == 4 and blocks[0] == 0 and blocks[1] != 1
 
 
 def test_different_salts_never_share():
@@ -70,30 +74,30 @@ def test_different_salts_never_share():
 def test_freed_cached_blocks_are_revived_and_evicted_lru_first():
     kv = manager(num_blocks=6)
     a = admit(kv, req("a", range(8)))  # blocks 0,1 (both full)
-    kv.free(a)  # free order: 2..5 never used, then 1, 0 (tail first)
+    kv.free(a.request_id)  # free order: 2..5 never used, then 1, 0 (tail first)
     assert kv.pool.free_queue.block_ids() == [2, 3, 4, 5, 1, 0]
     b = admit(kv, req("b", list(range(4)) + [9, 9, 9, 9, 9]))  # revives block 0
-    assert b.block_ids == [0, 2, 3] and b.num_cached_tokens == 4
+    assert kv.block_ids(b.request_id) == [0, 2, 3] and b.num_cached_tokens == 4
     assert kv.pool.free_queue.block_ids() == [4, 5, 1]
     c = admit(kv, req("c", [7] * 12))  # needs 3 blocks: 4, 5, then evicts cached block 1
-    assert c.block_ids == [4, 5, 1]
+    assert kv.block_ids(c.request_id) == [4, 5, 1]
     assert kv.stats.evictions == 1
-    kv.free(b)
-    kv.free(c)
+    kv.free(b.request_id)
+    kv.free(c.request_id)
     d = admit(kv, req("d", range(10)))  # block 0 still cached, its successor was evicted
-    assert d.num_cached_tokens == 4 and d.block_ids[0] == 0
+    assert d.num_cached_tokens == 4 and kv.block_ids(d.request_id)[0] == 0
 
 
 def test_refusal_changes_nothing():
     kv = manager(num_blocks=3)
     a = admit(kv, req("a", range(8)))
-    kv.free(a)
+    kv.free(a.request_id)
     before = kv.pool.free_queue.block_ids()
     b = req("b", list(range(8)) + list(range(100, 120)))
     hit = kv.match_prefix(b)
     assert hit.num_blocks == 2
     assert not kv.allocate_slots(b, b.num_tokens - 8, hit)
-    assert kv.pool.free_queue.block_ids() == before and b.blocks == []
+    assert kv.pool.free_queue.block_ids() == before and kv.block_ids("b") == []
     assert all(blk.ref_cnt == 0 for blk in kv.pool.blocks)
 
 
@@ -129,8 +133,8 @@ def test_two_running_requests_share_blocks(make_tiny_engine):
     engine.add_request("a", REPORT + [2], GREEDY)
     engine.add_request("b", REPORT + [3], GREEDY)
     engine.step()
-    a, b = engine.requests["a"], engine.requests["b"]
-    shared = set(a.block_ids) & set(b.block_ids)
+    a, b = engine.kv.block_ids("a"), engine.kv.block_ids("b")
+    shared = set(a) & set(b)
     assert len(shared) == 10
     assert all(engine.kv.pool.blocks[i].ref_cnt == 2 for i in shared)
 
@@ -161,7 +165,7 @@ def test_random_adds_aborts_and_steps_leak_no_block(make_tiny_engine, ops):
             engine.abort_request(sorted(engine.requests)[which % len(engine.requests)])
         else:
             engine.step()
-        held = sum(len(r.blocks) for r in engine.requests.values())
+        held = sum(len(engine.kv.block_ids(rid)) for rid in engine.requests)
         refs = sum(b.ref_cnt for b in engine.kv.pool.blocks)
         assert refs == held  # every reference belongs to a live request's block table
     for rid in list(engine.requests):

@@ -24,7 +24,7 @@ def advance(sched, out, sampled_token=7):
 
 
 def plan(out):
-    return [(s.request.request_id, s.num_new_tokens) for s in out.scheduled]
+    return [(s.request_id, s.num_new_tokens) for s in out.scheduled]
 
 
 def test_waiting_admitted_in_priority_then_arrival_order():
@@ -69,18 +69,21 @@ def test_max_num_seqs_caps_running_requests():
 def test_preemption_takes_least_urgent_latest_request_and_frees_its_blocks():
     # 4 blocks of 4 tokens; three requests of 4 tokens fill 3 blocks
     sched, kv = make(blocks=4, block_size=4)
+    requests = {}
     for rid, prio, t in [("a", 0, 0.0), ("b", 1, 1.0), ("c", 0, 2.0)]:
-        sched.add_request(req(rid, 4, priority=prio, arrival=t))
+        requests[rid] = req(rid, 4, priority=prio, arrival=t)
+        sched.add_request(requests[rid])
     out = sched.schedule()
     advance(sched, out)
     assert plan(out) == [("a", 4), ("c", 4), ("b", 4)]
     assert kv.num_free_blocks == 1
     # each needs a new block for its 5th token: a gets the last one, c then forces b out
     out = sched.schedule()
-    assert [r.request_id for r in out.preempted] == ["b"]
+    assert list(out.preempted_request_ids) == ["b"]
     assert plan(out) == [("a", 1), ("c", 1)]
-    b = out.preempted[0]
-    assert b.status is RequestStatus.PREEMPTED and b.blocks == [] and b.num_computed_tokens == 0
+    b = requests[out.preempted_request_ids[0]]
+    assert b.status is RequestStatus.PREEMPTED and kv.block_ids("b") == [] and \
+        b.num_computed_tokens == 0
     assert sched.waiting.peek() is b
 
 
@@ -91,7 +94,7 @@ def test_preempted_request_recomputes_prompt_and_output():
     sched.add_request(b)
     advance(sched, sched.schedule())
     out = sched.schedule()  # a needs a block: b is preempted
-    assert [r.request_id for r in out.preempted] == ["b"]
+    assert list(out.preempted_request_ids) == ["b"]
     advance(sched, out)
     sched.finish_request(a, RequestStatus.FINISHED_LENGTH)
     out = sched.schedule()
@@ -117,7 +120,7 @@ def test_urgent_arrival_preempts_least_urgent_when_slots_are_full():
     advance(sched, sched.schedule())
     sched.add_request(req("urgent", 3, priority=-1, arrival=2))
     out = sched.schedule()
-    assert [r.request_id for r in out.preempted] == ["low"]
+    assert list(out.preempted_request_ids) == ["low"]
     assert ("urgent", 3) in plan(out) and ("low", 1) not in plan(out)
     assert sorted(r.request_id for r in sched.running) == ["mid", "urgent"]
 
@@ -128,4 +131,4 @@ def test_equal_priority_arrival_waits_for_a_slot():
     advance(sched, sched.schedule())
     sched.add_request(req("second", 3, arrival=1))
     out = sched.schedule()
-    assert out.preempted == [] and plan(out) == [("first", 1)]
+    assert list(out.preempted_request_ids) == [] and plan(out) == [("first", 1)]

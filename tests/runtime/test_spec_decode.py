@@ -130,7 +130,7 @@ def test_random_speculative_runs_with_aborts_leak_nothing(make_tiny_engine, ops)
         else:
             engine.step()
         refs = sum(b.ref_cnt for b in engine.kv.pool.blocks)
-        assert refs == sum(len(r.blocks) for r in engine.requests.values())
+        assert refs == sum(len(engine.kv.block_ids(rid)) for rid in engine.requests)
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
