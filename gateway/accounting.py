@@ -5,7 +5,7 @@ Settlement happens exactly once per request whatever ends it: every choice finis
 for what it produced, an abort included), dropped from the queue before any worker saw it
 (not billed), or lost with a crashed worker or refused by it (not billed: our fault). It
 returns the reservation, refunds unused rate-limit tokens, corrects the fair-share clock and
-writes the ledger row. The row's commit is a future on the Generation (`committed`): an
+writes the ledger row. The row's commit is a future on the request's record (`committed`): an
 answer's final usage waits for it, so a client never holds a bill the ledger could lose.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from gateway.fairshare import FairShare
 from gateway.keys import ApiKey
 from gateway.ledger import Ledger, LedgerRow
 from gateway.pricing import ZERO_COST, Cost, PriceBook
+from gateway.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.ratelimit import RateLimiter
 from gateway.request_finished import RequestFinished
 from runtime.outputs import wall_clock
@@ -39,17 +40,17 @@ class Charge:
 
 
 class Accounting:
-    def __init__(self, prices: PriceBook, ledger: Ledger | None = None,
+    def __init__(self, table: InFlightTable, prices: PriceBook, ledger: Ledger | None = None,
                  fair: FairShare | None = None, model: str = "model"):
+        self.table = table  # the requests in flight, by engine request id
         self.prices = prices
         self.ledger = ledger
         self.budgets = BudgetBook(ledger.spent_since if ledger else None)
         self.limiter = RateLimiter()
         self.fair = fair or FairShare()
         self.model = model
-        self.inflight: dict[str, object] = {}  # engine request id -> Generation
         self.revenue = ZERO_COST  # since start, for metrics
-        self.on_settle = []  # callbacks(RequestFinished): metrics, traces and the live feed
+        self._subscribers = []  # callbacks(RequestFinished): metrics, traces, the live feed
 
     # ---- admission ----------------------------------------------------------------------
     def admit_request(self, key: ApiKey) -> None:
@@ -60,46 +61,48 @@ class Accounting:
     def admit(self, gen, key: ApiKey) -> None:
         """Charge the token rate limit and reserve the largest possible cost, or raise 429 /
         402. Follows `admit_request`."""
-        tenant, job = key.tenant, gen.job
-        max_output = job.params["max_tokens"] * job.n
-        tokens = len(job.prompt) + max_output
+        tenant = key.tenant
+        max_output = gen.params["max_tokens"] * gen.n
+        tokens = len(gen.prompt) + max_output
         _raise_if_waiting(tenant, self.limiter.take_tokens(tenant, tokens))
         multiplier = self.prices.multiplier()
-        worst = self.prices.cost(0, len(job.prompt), max_output, multiplier).total
+        worst = self.prices.cost(0, len(gen.prompt), max_output, multiplier).total
         try:
             reservation = self.budgets.reserve(tenant, worst)
         except BudgetExceeded as exc:
             self.limiter.refund(tenant, tokens)
             raise payment_required(str(exc)) from None
         start = self.fair.start(tenant.name, tenant.weight, tokens)
-        gen.charge = Charge(key, reservation, tokens, multiplier, start, job.n)
-        for sub_id in job.sub_ids:
-            self.inflight[sub_id] = gen
+        gen.charge = Charge(key, reservation, tokens, multiplier, start, gen.n)
+
+    def subscribe(self, callback) -> None:
+        """Call `callback(RequestFinished)` for every request that settles from now on."""
+        self._subscribers.append(callback)
 
     # ---- metering -----------------------------------------------------------------------
     def on_output(self, out: dict) -> None:
         """Called for every worker output before the client's stream sees it: the request's
         first token and its end are noted here, at arrival, whoever reads the stream."""
-        gen = self.inflight.get(out["id"])
+        gen = self.table.get(out["id"])
         if gen is None or gen.charge is None:
             return
         if gen.first_token_at is None and out["tokens"]:
             gen.first_token_at = time.monotonic()
+            self.table.move(gen, Phase.STREAMING)
         if not out["finished"]:
             return
-        del self.inflight[out["id"]]
         charge = gen.charge
-        if out.get("reason") and out["id"] in gen.job.sub_ids:
-            gen.finish_reasons[gen.job.sub_ids.index(out["id"])] = out["reason"]
+        if out.get("reason"):
+            gen.finish_reasons[gen.choice_of(out["id"])] = out["reason"]
         if out.get("timing") and gen.worker_timing is None:
             gen.worker_timing = out["timing"]
         usage = out.get("usage")
         if usage is not None:
             prompt, cached, completion = usage
-            first = gen.usage.prompt_tokens == 0  # input is billed once for n choices
+            first = gen.prompt_tokens == 0  # input is billed once for n choices
             if first:
-                gen.usage.prompt_tokens, gen.usage.cached_tokens = prompt, cached
-            gen.usage.completion_tokens += completion
+                gen.prompt_tokens, gen.cached_tokens = prompt, cached
+            gen.completion_tokens += completion
             charge.cost += self.prices.cost(cached if first else 0,
                                             prompt - cached if first else 0, completion,
                                             charge.multiplier)
@@ -112,8 +115,6 @@ class Accounting:
         """The request ended before any worker output: nothing produced, nothing billed."""
         if gen.charge is None:
             return
-        for sub_id in gen.job.sub_ids:
-            self.inflight.pop(sub_id, None)
         gen.charge.statuses.add(status)
         self.settle(gen)
 
@@ -123,26 +124,30 @@ class Accounting:
             return
         charge.settled = True
         gen.settled_at = time.monotonic()
+        self.table.move(gen, Phase.SETTLING)
         tenant = charge.key.tenant
         self.budgets.settle(charge.reservation, charge.cost.total)
-        used = gen.usage.prompt_tokens + gen.usage.completion_tokens
+        used = gen.prompt_tokens + gen.completion_tokens
         self.limiter.refund(tenant, max(0, charge.tokens_charged - used))
         self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
         self.revenue += charge.cost
         event = self._finished(gen)
-        for callback in self.on_settle:
+        for callback in self._subscribers:
             callback(event)
-        if self.ledger is not None:
-            gen.committed = self.ledger.record(ledger_row(event))
+        if self.ledger is None:
+            self.table.move(gen, Phase.DONE)
+            return
+        gen.committed = self.ledger.record(ledger_row(event))
+        gen.committed.add_done_callback(lambda _: self.table.move(gen, Phase.DONE))
 
-    def _finished(self, gen) -> RequestFinished:
-        c, u, worker = gen.charge, gen.usage, gen.job.worker
+    def _finished(self, gen: InFlightRequest) -> RequestFinished:
+        c, worker = gen.charge, gen.worker
         status = next((s for s in ("error", "rejected", "cancelled") if s in c.statuses), "ok")
         return RequestFinished(
-            gen.job.request_id, c.key.tenant.name, c.key.name, self.model, gen.job.priority,
-            status, u.prompt_tokens, u.cached_tokens, u.completion_tokens, c.cost,
+            gen.request_id, c.key.tenant.name, c.key.name, self.model, gen.priority, status,
+            gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens, c.cost,
             c.multiplier, tuple(r for _, r in sorted(gen.finish_reasons.items())),
-            gen.enqueued_at or gen.settled_at, gen.job.dispatched_at, gen.first_token_at,
+            gen.enqueued_at or gen.settled_at, gen.dispatched_at, gen.first_token_at,
             gen.settled_at, worker.index if worker is not None else None,
             worker.info.device if worker is not None and worker.info else None,
             gen.trace_headers, gen.worker_timing)

@@ -24,7 +24,7 @@ from gateway.queue import RequestQueue
 from gateway.routes import add_routes
 from gateway.service import GenerationService
 from gateway.state import STATE, GatewayState
-from gateway.worker_client import RayWorkerHandle, WorkerHandle, supervise
+from gateway.worker_client import RayWorkerHandle, WorkerEvents, WorkerHandle, supervise
 from runtime.protocol import Output, Ready, TransferDone
 from runtime.tokenizer import Tokenizer
 
@@ -41,33 +41,56 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     state = GatewayState(config)
     state.queue = RequestQueue(config.max_queue, config.aging_seconds)
+    events = GatewayWorkerEvents(app, state)
     if config.ray_address:
         _connect_ray(config)
     if config.pd_split():
-        _create_pd_workers(app, state, config)
+        _create_pd_workers(app, state, config, events)
     else:
-        state.workers = [_worker(config, i, config.worker_argv())
+        state.workers = [_worker(config, i, config.worker_argv(), events)
                          for i in range(config.workers)]
-        state.dispatcher = Dispatcher(state.workers, state.queue, config.affinity_margin)
+        state.dispatcher = Dispatcher(state.workers, state.queue, state.inflight,
+                                      config.affinity_margin)
     state.keys = KeyStore.from_toml(config.keys_file) if config.keys_file else None
-    state.accounting = Accounting(PriceBook.load(config.prices),
+    state.accounting = Accounting(state.inflight, PriceBook.load(config.prices),
                                   Ledger(config.resolved_ledger_path()),
                                   FairShare(config.fair_share_tokens_per_second))
     state.feed = FeedHub()
     state.snapshots = SnapshotBuilder(state)
-    state.accounting.on_settle.append(state.snapshots.on_settled)
+    state.accounting.subscribe(state.snapshots.on_settled)
     if config.telemetry:
         state.telemetry = Telemetry(otlp_endpoint=config.otlp_endpoint,
                                     in_memory=in_memory_spans, publish=state.feed.add_span)
-        state.accounting.on_settle.append(state.telemetry.request_finished)
+        state.accounting.subscribe(state.telemetry.request_finished)
     app[STATE] = state
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     return app
 
 
-def _create_pd_workers(app: web.Application, state: GatewayState,
-                       config: GatewayConfig) -> None:
+class GatewayWorkerEvents(WorkerEvents):
+    """What every worker handle reports, and where it goes in the gateway."""
+
+    def __init__(self, app: web.Application, state: GatewayState):
+        self.app, self.state = app, state
+
+    def ready(self, worker: WorkerHandle) -> None:
+        _on_worker_ready(self.app, self.state, worker)
+
+    def output(self, worker: WorkerHandle, out: Output) -> None:
+        self.state.accounting.on_output(out)  # before the client's stream sees it
+        if out["finished"]:
+            self.state.dispatcher.notify()  # a slot is free
+
+    def prefilled(self, worker: WorkerHandle, out: Output) -> None:
+        self.state.dispatcher.handoff(worker, out)
+
+    def transferred(self, worker: WorkerHandle, done: TransferDone) -> None:
+        _on_transfer(self.app, done)
+
+
+def _create_pd_workers(app: web.Application, state: GatewayState, config: GatewayConfig,
+                       events: WorkerEvents) -> None:
     """P prefill then D decode workers, joined for KV transfers by a TCPStore served here
     on loopback only (or on a Ray node), their groups keyed by a secret made at each start."""
     from runtime.kv_rendezvous import SECRET_ENV, SECRET_FLAG, new_secret, serve_store
@@ -83,22 +106,20 @@ def _create_pd_workers(app: web.Application, state: GatewayState,
         address = f"127.0.0.1:{store.port}"
         extra, env = [], {SECRET_ENV: secret}  # in the environment, not on a command line
     argv = config.worker_argv() + ["--kv-store", address]
-    state.workers = [_worker(config, i, argv + extra, env)
+    state.workers = [_worker(config, i, argv + extra, events, env)
                      for i in range(num_prefill + num_decode)]
-    state.dispatcher = Dispatcher(state.workers[:num_prefill], state.queue,
+    state.dispatcher = Dispatcher(state.workers[:num_prefill], state.queue, state.inflight,
                                   config.affinity_margin, state.workers[num_prefill:])
-    for w in state.workers:
-        w.on_prefilled = state.dispatcher.handoff
-        w.on_transfer = lambda worker, message: _on_transfer(app, message)
 
 
-def _worker(config: GatewayConfig, index: int, argv: list[str],
+def _worker(config: GatewayConfig, index: int, argv: list[str], events: WorkerEvents,
             env: dict | None = None) -> WorkerHandle:
     if config.ray_address:
         gpus = 1 if config.device.startswith("cuda") else 0
         return RayWorkerHandle(index, argv, config.worker_ready_timeout,
-                               num_cpus=config.threads(), num_gpus=gpus)
-    return WorkerHandle(index, argv, env=env, ready_timeout=config.worker_ready_timeout)
+                               num_cpus=config.threads(), num_gpus=gpus, events=events)
+    return WorkerHandle(index, argv, env=env, ready_timeout=config.worker_ready_timeout,
+                        events=events)
 
 
 def _connect_ray(config: GatewayConfig) -> None:
@@ -137,9 +158,6 @@ def _on_transfer(app: web.Application, done: TransferDone) -> None:
 
 async def _lifecycle(app: web.Application):
     state = app[STATE]
-    for w in state.workers:
-        w.on_output = lambda worker, out: _on_output(state, out)
-        w.on_ready = lambda worker: _on_worker_ready(app, state, worker)
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
              asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher"),
              asyncio.create_task(_feed_loop(state), name="feed")]
@@ -191,12 +209,6 @@ async def _feed_loop(state: GatewayState, tick: float = 0.25) -> None:
             state.feed.publish(state.snapshots.build())
 
 
-def _on_output(state: GatewayState, out: Output) -> None:
-    state.accounting.on_output(out)  # before the client's stream sees it
-    if out["finished"]:
-        state.dispatcher.notify()  # a slot is free
-
-
 def _on_worker_ready(app: web.Application, state: GatewayState,
                      worker: WorkerHandle) -> None:
     if state.service is None:
@@ -220,8 +232,9 @@ def _become_ready(state: GatewayState, info: Ready) -> None:
     state.model_name = info.model
     state.accounting.model = info.model
     state.metrics = GatewayMetrics(info.model)
-    state.accounting.on_settle.append(state.metrics.observe_settled)
-    state.service = GenerationService(tokenizer, state.dispatcher, info.max_model_len,
-                                      info.vocab_size, state.config.default_max_tokens,
-                                      state.accounting, state.config.stream_buffer_bytes)
+    state.accounting.subscribe(state.metrics.observe_settled)
+    state.service = GenerationService(tokenizer, state.dispatcher, state.inflight,
+                                      info.max_model_len, info.vocab_size,
+                                      state.config.default_max_tokens, state.accounting,
+                                      state.config.stream_buffer_bytes)
     log.info("serving %s from %d worker(s)", info.model, len(state.workers))

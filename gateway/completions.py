@@ -11,7 +11,7 @@ from gateway.accounting import wait_committed
 from gateway.errors import APIError
 from gateway.http_errors import json_response
 from gateway.openai_responses import ChoiceResult, chat_response, completion_response, usage_dict
-from gateway.service import Generation
+from gateway.inflight import InFlightRequest
 from gateway.sse import SSEStream
 from gateway.state import GatewayState
 from gateway.stream_chunker import StreamChunker
@@ -19,10 +19,10 @@ from gateway.stream_chunker import StreamChunker
 log = logging.getLogger(__name__)
 
 
-def chunker_for(state: GatewayState, gen: Generation, include_usage: bool) -> StreamChunker:
+def chunker_for(state: GatewayState, gen: InFlightRequest, include_usage: bool) -> StreamChunker:
     """The one chunk builder of a streamed request, for SSE and WebSocket alike."""
     req = gen.request
-    return StreamChunker(req.kind, gen.job.request_id, state.model_name, gen.created,
+    return StreamChunker(req.kind, gen.request_id, state.model_name, gen.created,
                          include_usage, echo=gen.prompt_text if req.echo else None)
 
 
@@ -43,14 +43,13 @@ class InterTokenClock:
         self.last = now
 
 
-def response_headers(gen: Generation) -> dict:
-    return {"x-request-id": gen.job.request_id, "x-queue-seconds": f"{gen.queue_seconds:.6f}"}
+def response_headers(gen: InFlightRequest) -> dict:
+    return {"x-request-id": gen.request_id, "x-queue-seconds": f"{gen.queue_seconds:.6f}"}
 
 
-def usage_of(gen: Generation) -> dict:
-    u = gen.usage
+def usage_of(gen: InFlightRequest) -> dict:
     extra = {"cost": gen.charge.cost.as_dict()} if gen.charge is not None else None
-    return usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens, extra)
+    return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens, extra)
 
 
 class StreamGuard:
@@ -121,7 +120,7 @@ class StreamGuard:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def stream_sse(request: web.Request, state: GatewayState, gen: Generation):
+async def stream_sse(request: web.Request, state: GatewayState, gen: InFlightRequest):
     """The SSE answer. Errors before the first event become a plain HTTP error; after it,
     an error event and [DONE]. The response opens lazily so a rejection keeps its status."""
     req = gen.request
@@ -167,7 +166,7 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: Generation)
             state.open_responses.discard(sse.response)
 
 
-async def respond_json(state: GatewayState, gen: Generation) -> web.Response:
+async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Response:
     req = gen.request
     texts: dict[int, list[str]] = {i: [] for i in range(req.n)}
     logprobs: dict[int, list] = {i: [] for i in range(req.n)}
@@ -186,5 +185,5 @@ async def respond_json(state: GatewayState, gen: Generation) -> web.Response:
         choices.append(ChoiceResult(i, text, gen.finish_reasons.get(i),
                                     logprobs[i] if wants_logprobs else None, offset))
     build = chat_response if req.kind == "chat" else completion_response
-    body = build(gen.job.request_id, state.model_name, gen.created, choices, usage_of(gen))
+    body = build(gen.request_id, state.model_name, gen.created, choices, usage_of(gen))
     return json_response(body, headers=response_headers(gen))

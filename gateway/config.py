@@ -9,22 +9,21 @@ import socket
 import tomllib
 from dataclasses import dataclass, fields
 
+from runtime.engine_settings import EngineSettings
+
+_ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
+
 
 @dataclass(frozen=True)
-class GatewayConfig:
+class GatewayConfig(EngineSettings):
+    """The gateway's own settings, after the engine settings it gives every worker (device,
+    kv_cache_gb, max_num_seqs, ..., declared once in runtime/engine_settings.py)."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     model: str | None = None  # a .gguf file or HF folder; None: SmolLM2-135M-Instruct
     workers: int = 1
     threads_per_worker: int = 0  # torch threads per CPU worker; 0: cores / workers
-    device: str = "cpu"
-    kv_cache_gb: float = 1.0
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    prefix_caching: bool = True
-    disk_cache_dir: str | None = None
-    spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH
-    num_spec_tokens: int = 4
     max_queue: int = 1024  # requests waiting in the gateway before 429
     aging_seconds: float = 30.0  # waiting this long improves a request by one priority class
     affinity_margin: float = 0.25  # prefer the prefix's worker unless busier by this load
@@ -71,18 +70,9 @@ class GatewayConfig:
         return sum(split) if split else self.workers
 
     def worker_argv(self) -> list[str]:
-        argv = ["--device", self.device, "--kv-cache-gb", str(self.kv_cache_gb),
-                "--max-num-seqs", str(self.max_num_seqs),
-                "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-                "--threads", str(self.threads())]
+        argv = self.worker_flags() + ["--threads", str(self.threads())]
         if self.model:
             argv += ["--model", self.model]
-        if not self.prefix_caching:
-            argv.append("--no-prefix-caching")
-        if self.disk_cache_dir:
-            argv += ["--disk-cache-dir", self.disk_cache_dir]
-        if self.spec != "off":
-            argv += ["--spec", self.spec, "--num-spec-tokens", str(self.num_spec_tokens)]
         if self.fake:
             argv += ["--fake", "--fake-step-ms", str(self.fake_step_ms)]
         return argv
@@ -131,18 +121,12 @@ def refuse_open_keyless(config: GatewayConfig) -> None:
         f"network is yours alone.")
 
 
+# Help for the gateway's own settings; the engine settings carry theirs in their declaration.
 HELP = {
     "host": "address to listen on (loopback by default)", "port": "TCP port",
     "model": "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)",
     "workers": "runtime worker processes (one per GPU; on CPU, each with a thread budget)",
     "threads_per_worker": "torch threads per CPU worker (0: cores divided by workers)",
-    "device": "cpu or cuda", "kv_cache_gb": "KV-cache memory per worker, GiB",
-    "max_num_seqs": "running requests per worker",
-    "max_num_batched_tokens": "token budget per engine step",
-    "prefix_caching": "reuse KV of repeated prompt prefixes",
-    "disk_cache_dir": "folder for the prefix cache's disk tier",
-    "spec": "speculative decoding: off, ngram, self:L or draft:PATH",
-    "num_spec_tokens": "the most tokens proposed per request per step",
     "max_queue": "requests that may wait in the gateway before 429",
     "aging_seconds": "seconds of waiting that raise a request by one priority class",
     "affinity_margin": "load margin within which the prefix's worker is preferred",
@@ -200,15 +184,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "TOML file given with --config; flags win over the environment, which wins "
                     "over the file.")
     p.add_argument("--config", help="a TOML file of settings")
-    for f in fields(GatewayConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if "bool" in str(f.type):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
-                           default=None, help=HELP[f.name])
+    engine = p.add_argument_group("engine settings", "given to every worker")
+    # the gateway's own flags first (host, port, ...): fields() lists the base class's first
+    for f in sorted(fields(GatewayConfig), key=lambda f: f.name in _ENGINE_FIELDS):
+        if f.name in _ENGINE_FIELDS:
+            _add_flag(engine, f, f.metadata["help"])
         else:
-            p.add_argument(flag, dest=f.name, default=None, help=f"{HELP[f.name]} "
-                           f"(default: {f.default})")
+            _add_flag(p, f, HELP[f.name])
     return p
+
+
+def _add_flag(group, f: dataclasses.Field, help_text: str) -> None:
+    """A flag whose default is None, so that load_config can tell a flag given from one not."""
+    flag = "--" + f.name.replace("_", "-")
+    if "bool" in str(f.type):
+        group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
+                           default=None, help=help_text)
+    else:
+        group.add_argument(flag, dest=f.name, default=None,
+                           help=f"{help_text} (default: {f.default})")
 
 
 def load_config(argv: list[str] | None = None, environ: dict | None = None) -> GatewayConfig:

@@ -20,18 +20,15 @@ import hashlib
 import itertools
 import logging
 import time
-import weakref
-from dataclasses import dataclass, field
 
-from gateway.output_stream import OutputStream
+from gateway.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.queue import QueueEntry, QueueFull, RequestQueue
 from gateway.worker_client import WorkerDied, WorkerHandle
-from runtime.protocol import AbortRequest, AddRequest, ExportKV, ImportKV, Output
-from runtime.sampling_params import choice_seed
+from runtime.protocol import AbortRequest, ExportKV, ImportKV, Output
 
 log = logging.getLogger(__name__)
-AFFINITY_TOKENS = 64
 LOOP_TICK_SECONDS = 0.05
+Job = InFlightRequest  # what the dispatcher places: a request's choices, on one worker
 
 
 class DispatchFailed(Exception):
@@ -39,60 +36,20 @@ class DispatchFailed(Exception):
     bug): that job fails with a 500; the dispatcher and every other job go on."""
 
 
-@dataclass(eq=False)
-class Job:
-    """One API request: n engine requests that run on the same worker."""
-
-    request_id: str
-    prompt: list[int]
-    params: dict  # SamplingParams fields, JSON-able
-    n: int
-    priority: int
-    salt: str | None
-    assigned: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop()
-                                     .create_future())
-    entry: QueueEntry | None = None
-    worker: WorkerHandle | None = None
-    dispatched_at: float | None = None  # monotonic: when a worker got it
-    stream: OutputStream = field(default_factory=OutputStream)  # outputs of every sub-request
-
-    @property
-    def sub_ids(self) -> list[str]:
-        return [self.request_id] if self.n == 1 else [f"{self.request_id}/{i}"
-                                                      for i in range(self.n)]
-
-    def sub_params(self, i: int) -> dict:
-        """Sampling fields of sub-request i: seeded requests get n distinct, reproducible
-        samples."""
-        params = dict(self.params)
-        if params.get("seed") is not None and self.n > 1:
-            params["seed"] = choice_seed(params["seed"], i)
-        return params
-
-    def add_messages(self, prefill_only: bool = False) -> list[AddRequest]:
-        """The worker's "add" frame of every sub-request."""
-        return [AddRequest(sub_id, self.prompt, self.sub_params(i), self.priority, self.salt,
-                           prefill_only) for i, sub_id in enumerate(self.sub_ids)]
-
-    def affinity_key(self) -> bytes:
-        head = ",".join(map(str, self.prompt[:AFFINITY_TOKENS]))
-        return hashlib.blake2b(f"{self.salt}|{head}".encode(), digest_size=8).digest()
-
-
 def rendezvous_score(key: bytes, worker_index: int) -> bytes:
     return hashlib.blake2b(key + worker_index.to_bytes(4, "little"), digest_size=8).digest()
 
 
 class Dispatcher:
-    def __init__(self, workers: list[WorkerHandle], queue: RequestQueue,
+    def __init__(self, workers: list[WorkerHandle], queue: RequestQueue, table: InFlightTable,
                  affinity_margin: float = 0.25,
                  decode_workers: list[WorkerHandle] | None = None):
         self.workers = workers  # with disaggregation: the prefill workers
         self.queue = queue
+        self.table = table
         self.affinity_margin = affinity_margin
         self._wake = asyncio.Event()
         self.decode_workers = decode_workers or []
-        self.pd_jobs: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         self.pending_handoffs: list[tuple[WorkerHandle, Output]] = []
         self._tags = itertools.count(1)
         self.last_tick = time.monotonic()  # the loop's heartbeat, for liveness checks
@@ -184,10 +141,8 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - see _fail
             self._fail(job, exc)
             return
-        if self.disaggregated:
-            for sub_id in job.sub_ids:
-                self.pd_jobs[sub_id] = job
         job.worker, job.dispatched_at = worker, time.monotonic()
+        self.table.move(job, Phase.DISPATCHED)
         if not job.assigned.done():
             job.assigned.set_result(worker)
 
@@ -233,27 +188,26 @@ class Dispatcher:
         """A prefill worker has a request's prompt KV and first token: move the request to a
         decode worker (or wait for one with room; the prefill worker holds the blocks)."""
         sub_id = out["id"]
-        job = self.pd_jobs.get(sub_id)
-        stream = prefill.inflight.get(sub_id)
-        if job is None or stream is None or not prefill.alive:
+        job = self.table.get(sub_id)
+        placed = prefill.inflight.get(sub_id)
+        if job is None or placed is None or not prefill.alive:
             return  # cancelled or lost meanwhile; the prefill side has freed it
         decode = self.choose_decode(len(job.prompt) + 1)
         if decode is None:  # all full, or restarting: retried on every dispatch round
             self.pending_handoffs.append((prefill, out))
             return
-        params = job.sub_params(job.sub_ids.index(sub_id))
+        params = job.sub_params(job.choice_of(sub_id))
         usage = out.get("usage") or [len(job.prompt), 0, 0]
         key, tag = f"{prefill.pid}-{decode.pid}", next(self._tags) % (1 << 19)
         prefill.release(sub_id)
-        self.pd_jobs.pop(sub_id, None)
-        decode.adopt(sub_id, stream, job.priority, len(job.prompt))
+        decode.adopt(sub_id, placed.stream, job.priority, len(job.prompt))
         try:
             decode.send_message(ImportKV(sub_id, job.prompt, out["tokens"], params, key, tag,
                                          job.priority, job.salt, usage[1], out["prefilled"]))
             prefill.send_message(ExportKV(sub_id, key, tag))
         except (WorkerDied, ConnectionError) as exc:
             decode.release(sub_id)
-            stream.put_nowait(WorkerDied(str(exc), sub_id))
+            placed.stream.put_nowait(WorkerDied(str(exc), sub_id))
             if prefill.alive:
                 prefill.send_message(AbortRequest(sub_id))
 

@@ -124,7 +124,7 @@ async def metrics(request: web.Request):
         return web.Response(body=b"", content_type="text/plain")
     state.metrics.refresh(len(state.queue), state.workers,
                           state.accounting.budgets.total_reserved(),
-                          state.dispatcher.is_alive(), len(state.accounting.inflight))
+                          state.dispatcher.is_alive(), state.inflight.open)
     return web.Response(body=state.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -1,8 +1,9 @@
 """From a validated API request to a stream of per-choice deltas; no HTTP here.
 
-`prepare` tokenizes and checks the context before anything is queued; `stream` queues the job,
-waits for a worker, and yields each choice's new text as it arrives. Leaving the iteration
-early (the client went away) cancels the job wherever it is: queue entry or worker request.
+`prepare` tokenizes and checks the context before anything is queued and makes the request's
+in-flight record (gateway/inflight.py); `enqueue` queues it; `stream` waits for a worker and
+yields each choice's new text as it arrives. Leaving the iteration early (the client went
+away) cancels the request wherever it is: queue entry or worker request.
 """
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import asyncio
 import re
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from gateway.dispatch import DispatchFailed, Dispatcher, Job
+from gateway.dispatch import DispatchFailed, Dispatcher
+from gateway.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.errors import APIError, bad_request, rate_limited, server_error
 from gateway.openai_api import GenerationRequest
 from gateway.openai_responses import LogprobToken, new_id
@@ -31,39 +33,6 @@ class ChoiceDelta:
     finish_reason: str | None  # set on the choice's last delta
 
 
-@dataclass
-class JobUsage:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass
-class Generation:
-    """A prepared request and, as it runs, its timings and usage."""
-
-    request: GenerationRequest
-    job: Job
-    prompt_text: str
-    created: int = field(default_factory=lambda: int(time.time()))
-    enqueued_at: float = 0.0
-    dispatched_at: float | None = None
-    first_token_at: float | None = None  # monotonic; set by the accounting on arrival
-    usage: JobUsage = field(default_factory=JobUsage)  # kept by the accounting
-    finish_reasons: dict[int, str] = field(default_factory=dict)
-    charge: object = None  # gateway.accounting.Charge once admitted
-    trace_headers: dict | None = None  # the client's traceparent / tracestate
-    worker_timing: dict | None = None  # wall-clock times reported by the worker
-    settled_at: float | None = None  # monotonic; when the accounting closed the request
-    model_name: str | None = None
-    committed: object = None  # asyncio.Future: the ledger row is committed (see accounting)
-
-    @property
-    def queue_seconds(self) -> float:
-        end = self.dispatched_at or time.monotonic()
-        return max(0.0, end - self.enqueued_at)
-
-
 # texts longer than this are tokenized off the event loop: a thread hop costs about 50 us,
 # tokenizing 8 kB about 5 ms
 THREAD_TOKENIZE_BYTES = 8192
@@ -71,9 +40,10 @@ THREAD_RENDER_MESSAGES = 32  # conversations longer than this are templated in a
 
 
 class GenerationService:
-    def __init__(self, tokenizer, dispatcher: Dispatcher, max_model_len: int, vocab_size: int,
-                 default_max_tokens: int | None = None, accounting=None,
-                 stream_buffer_bytes: int = DEFAULT_LIMIT_BYTES):
+    def __init__(self, tokenizer, dispatcher: Dispatcher, table: InFlightTable,
+                 max_model_len: int, vocab_size: int, default_max_tokens: int | None = None,
+                 accounting=None, stream_buffer_bytes: int = DEFAULT_LIMIT_BYTES):
+        self.table = table
         self.stream_buffer_bytes = stream_buffer_bytes
         self.accounting = accounting
         self.tokenizer = tokenizer
@@ -93,7 +63,8 @@ class GenerationService:
 
     # ---- before the queue ---------------------------------------------------------------
     async def prepare(self, request: GenerationRequest, salt: str | None = None,
-                      request_id: str | None = None, priority: int | None = None) -> Generation:
+                      request_id: str | None = None,
+                      priority: int | None = None) -> InFlightRequest:
         prompt_text, prompt = await self._tokenize(request)
         n = len(prompt)
         if n == 0:
@@ -109,10 +80,10 @@ class GenerationService:
                               f"the context is {self.max_model_len}: at most {room} fit",
                               param="max_tokens", code="context_length_exceeded")
         params = request.sampling_params(max_tokens)
-        job = Job(request_id or new_id(request.kind), prompt, _params_dict(params), request.n,
-                  request.priority if priority is None else priority, salt,
-                  stream=OutputStream(self.stream_buffer_bytes))
-        return Generation(request, job, prompt_text)
+        return InFlightRequest(request_id or new_id(request.kind), request, prompt, prompt_text,
+                               _params_dict(params),
+                               request.priority if priority is None else priority, salt,
+                               OutputStream(self.stream_buffer_bytes))
 
     async def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
         if request.kind == "chat":
@@ -178,26 +149,27 @@ class GenerationService:
                                       code="control_token_in_content")
 
     # ---- queue, worker, stream ----------------------------------------------------------
-    def enqueue(self, gen: Generation) -> None:
+    def enqueue(self, gen: InFlightRequest) -> None:
         gen.enqueued_at = time.monotonic()
+        self.table.move(gen, Phase.QUEUED)
         start = gen.charge.virtual_start if gen.charge is not None else None
         try:
-            self.dispatcher.enqueue(gen.job, virtual_start=start)
+            self.dispatcher.enqueue(gen, virtual_start=start)
         except QueueFull as exc:
             self._drop(gen, "rejected")
             raise rate_limited("the request queue is full; retry later",
                                retry_after_s=exc.retry_after) from None
 
-    def _drop(self, gen: Generation, status: str) -> None:
+    def _drop(self, gen: InFlightRequest, status: str) -> None:
         if self.accounting is not None:
             self.accounting.drop(gen, status)
 
-    async def stream(self, gen: Generation) -> AsyncIterator[ChoiceDelta]:
+    async def stream(self, gen: InFlightRequest) -> AsyncIterator[ChoiceDelta]:
         """Yield deltas until every choice has finished. Must follow `enqueue`."""
-        job, done = gen.job, False
+        done = False
         try:
             try:
-                await job.assigned
+                await gen.assigned
             except (WorkerDied, DispatchFailed) as exc:
                 self._drop(gen, "error")
                 raise server_error(f"no worker could take the request: {exc}") from None
@@ -205,23 +177,22 @@ class GenerationService:
                 self._drop(gen, "rejected")
                 raise rate_limited("the request queue is full; a more urgent request took "
                                    "this one's place", retry_after_s=exc.retry_after) from None
-            gen.dispatched_at = job.dispatched_at
-            index = {sub_id: i for i, sub_id in enumerate(job.sub_ids)}
+            index = {sub_id: i for i, sub_id in enumerate(gen.sub_ids)}
             remaining = set(index)
             while remaining:
-                item = await job.stream.get()
+                item = await gen.stream.get()
                 delta = self._delta(gen, index, item)
                 if delta is None:
                     continue
                 if delta.finish_reason is not None:
-                    remaining.discard(job.sub_ids[delta.index])
+                    remaining.discard(gen.sub_ids[delta.index])
                 yield delta
             done = True
         finally:
-            if not done and self.dispatcher.cancel(job):
+            if not done and self.dispatcher.cancel(gen):
                 self._drop(gen, "cancelled")  # it left the queue before any worker saw it
 
-    def _delta(self, gen: Generation, index: dict, item) -> ChoiceDelta | None:
+    def _delta(self, gen: InFlightRequest, index: dict, item) -> ChoiceDelta | None:
         if isinstance(item, WorkerDied):
             raise server_error(f"the worker serving this request failed: {item}")
         if isinstance(item, Rejected):
@@ -229,7 +200,7 @@ class GenerationService:
         i = index.get(item["id"])
         if i is None:
             return None
-        if item["finished"] and item["reason"] == "abort" and gen.job.stream.overflowed:
+        if item["finished"] and item["reason"] == "abort" and gen.stream.overflowed:
             raise APIError(408, f"the client left more than {self.stream_buffer_bytes} bytes "
                            "of output unread; the request was stopped and is billed for what "
                            "it produced", code="slow_reader")

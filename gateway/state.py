@@ -12,6 +12,7 @@ from gateway.config import GatewayConfig
 from gateway.keys import KeyStore
 from gateway.dispatch import Dispatcher
 from gateway.errors import APIError
+from gateway.inflight import InFlightTable
 from gateway.metrics import GatewayMetrics
 from gateway.queue import RequestQueue
 from gateway.service import GenerationService
@@ -23,6 +24,7 @@ class GatewayState:
     config: GatewayConfig
     workers: list[WorkerHandle] = field(default_factory=list)
     queue: RequestQueue | None = None
+    inflight: InFlightTable = field(default_factory=InFlightTable)  # every request in flight
     dispatcher: Dispatcher | None = None
     service: GenerationService | None = None
     metrics: GatewayMetrics | None = None

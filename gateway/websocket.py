@@ -147,8 +147,8 @@ class Connection:
     async def _report_position(self, rid: str, gen) -> None:
         last = None
         queue = self.state.queue
-        while gen.job.entry is not None and gen.job.entry.queued:
-            position = queue.position(gen.job.entry)
+        while gen.entry is not None and gen.entry.queued:
+            position = queue.position(gen.entry)
             if position is not None and position != last:
                 await self.send({"type": "queued", "id": rid, "position": position})
                 last = position

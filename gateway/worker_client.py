@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 from gateway.output_stream import OutputStream
 from runtime.protocol import (AbortRequest, AddRequest, Frame, IdleStats, ImportFailed, Output,
@@ -29,29 +30,49 @@ class WorkerDied(Exception):
         self.request_id = request_id
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """An engine request this worker has: where its outputs go, and what dispatch weighs."""
+
+    stream: OutputStream
+    priority: int
+    num_prompt_tokens: int
+
+
+class WorkerEvents:
+    """What a worker handle tells the gateway; the gateway passes its own at construction."""
+
+    def ready(self, worker: WorkerHandle) -> None:
+        """A (re)started worker is ready."""
+
+    def output(self, worker: WorkerHandle, out: Output) -> None:
+        """Every output, before its request's stream sees it (metering)."""
+
+    def prefilled(self, worker: WorkerHandle, out: Output) -> None:
+        """Disaggregation: a request's prompt KV is ready to move."""
+
+    def transferred(self, worker: WorkerHandle, done: TransferDone) -> None:
+        """Disaggregation: a KV import finished."""
+
+
 class WorkerHandle:
     def __init__(self, index: int, argv: list[str], env: dict | None = None,
-                 ready_timeout: float = 300.0):
+                 ready_timeout: float = 300.0, events: WorkerEvents | None = None):
         self.index = index
-        self.prompt_tokens: dict[str, int] = {}  # prompt length per in-flight request
+        self.events = events or WorkerEvents()
         self.argv = argv
         self.env = env
         self.ready_timeout = ready_timeout
         self.proc: asyncio.subprocess.Process | None = None
         self.info: Ready | None = None  # the worker's facts, once it said ready
         self.stats: dict = {}
-        self.inflight: dict[str, OutputStream] = {}
-        self.priorities: dict[str, int] = {}
+        self.inflight: dict[str, Placement] = {}  # engine request id -> its placement
         self.pending_blocks = 0  # prompt blocks dispatched but not yet seen in stats
         self.ready = asyncio.Event()
         self.restarts = 0
         self.started_at = 0.0
         self._reader: asyncio.Task | None = None
         self._closing = False
-        self.on_ready = None  # callback(handle) when a (re)started worker is ready
-        self.on_output = None  # callback(handle, output dict) for metering and telemetry
-        self.on_prefilled = None  # callback(handle, output dict): KV ready to move (PD)
-        self.on_transfer = None  # callback(handle, transfer dict): a KV import finished (PD)
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -77,8 +98,7 @@ class WorkerHandle:
         self.started_at = time.monotonic()
         self._reader = asyncio.create_task(reader, name=f"worker-{self.index}-{name}")
         self.ready.set()
-        if self.on_ready is not None:
-            self.on_ready(self)
+        self.events.ready(self)
 
     async def close(self, timeout: float = 10.0) -> None:
         self._closing = True
@@ -129,9 +149,7 @@ class WorkerHandle:
     def adopt(self, request_id: str, stream: OutputStream, priority: int,
               num_prompt_tokens: int) -> None:
         """Count a request as in flight here (its frame is sent by the caller)."""
-        self.inflight[request_id] = stream
-        self.priorities[request_id] = priority
-        self.prompt_tokens[request_id] = num_prompt_tokens
+        self.inflight[request_id] = Placement(stream, priority, num_prompt_tokens)
         self.pending_blocks += self.blocks_for(num_prompt_tokens)
 
     def send_message(self, message: Frame) -> None:
@@ -146,14 +164,12 @@ class WorkerHandle:
 
     def _abort_stream(self, stream) -> None:
         """A client left too much output unread: abort every request feeding its stream."""
-        for request_id in [r for r, s in self.inflight.items() if s is stream]:
+        for request_id in [r for r, p in self.inflight.items() if p.stream is stream]:
             log.warning("request %s: its client is not reading; aborting it", request_id)
             self.abort(request_id)
 
     def release(self, request_id: str) -> None:
         self.inflight.pop(request_id, None)
-        self.priorities.pop(request_id, None)
-        self.prompt_tokens.pop(request_id, None)
 
     # ---- load ---------------------------------------------------------------------------
     def blocks_for(self, num_tokens: int) -> int:
@@ -193,7 +209,7 @@ class WorkerHandle:
     def prefill_load(self) -> float:
         """Prompt tokens in flight as a fraction of the KV capacity (prefill workers)."""
         capacity = self.num_blocks * self.block_size
-        return sum(self.prompt_tokens.values()) / max(1, capacity)
+        return sum(p.num_prompt_tokens for p in self.inflight.values()) / max(1, capacity)
 
     @property
     def kv_usage(self) -> float:
@@ -201,7 +217,7 @@ class WorkerHandle:
         return 1.0 - self.free_blocks / max(1, total)
 
     def least_urgent_priority(self) -> int | None:
-        return max(self.priorities.values(), default=None)
+        return max((p.priority for p in self.inflight.values()), default=None)
 
     # ---- frames -------------------------------------------------------------------------
     def _send(self, message: Frame) -> None:
@@ -240,33 +256,29 @@ class WorkerHandle:
             case Rejected(id=request_id):
                 self._end(request_id, "rejected", frame)
             case TransferDone():
-                if self.on_transfer is not None:
-                    self.on_transfer(self, frame)
+                self.events.transferred(self, frame)
             case ImportFailed(id=request_id, error=error):
                 self._end(request_id, "error", WorkerDied(
                     f"KV transfer to worker {self.index} failed: {error}", request_id))
 
     def _deliver(self, out: Output) -> None:
         """One request's output: metered first, then to its stream; the last one frees it."""
-        if self.on_output is not None:
-            self.on_output(self, out)
-        stream = self.inflight.get(out["id"])
-        if stream is not None and stream.put_nowait(out) and not out["finished"]:
-            self._abort_stream(stream)
+        self.events.output(self, out)
+        placed = self.inflight.get(out["id"])
+        if placed is not None and placed.stream.put_nowait(out) and not out["finished"]:
+            self._abort_stream(placed.stream)
         if out["finished"]:
             self.release(out["id"])
-        elif out.get("prefilled") is not None and stream is not None \
-                and self.on_prefilled is not None:
-            self.on_prefilled(self, out)
+        elif out.get("prefilled") is not None and placed is not None:
+            self.events.prefilled(self, out)
 
     def _end(self, request_id: str, reason: str, item) -> None:
         """The request ends here with nothing to bill: meter it, free it, wake its reader."""
-        stream = self.inflight.get(request_id)
-        if self.on_output is not None:
-            self.on_output(self, _ended(request_id, reason))
+        placed = self.inflight.get(request_id)
+        self.events.output(self, _ended(request_id, reason))
         self.release(request_id)
-        if stream is not None:
-            stream.put_nowait(item)
+        if placed is not None:
+            placed.stream.put_nowait(item)
 
     def _on_death(self) -> None:
         self.ready.clear()
@@ -274,13 +286,11 @@ class WorkerHandle:
         if not self._closing:
             log.error("worker %d (pid %s) exited with %s; %d requests failed",
                       self.index, self.pid, code, len(self.inflight))
-        for rid, stream in list(self.inflight.items()):
-            if self.on_output is not None:
-                self.on_output(self, _ended(rid, "error"))
-            stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}", rid))
+        for rid, placed in list(self.inflight.items()):
+            self.events.output(self, _ended(rid, "error"))
+            placed.stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}",
+                                                rid))
         self.inflight.clear()
-        self.priorities.clear()
-        self.prompt_tokens.clear()
         self.pending_blocks = 0
 
 
@@ -341,8 +351,8 @@ class RayWorkerHandle(WorkerHandle):
     (the supervisor calls `start` again)."""
 
     def __init__(self, index: int, argv: list[str], ready_timeout: float = 300.0,
-                 num_cpus: float = 1, num_gpus: float = 0):
-        super().__init__(index, argv, ready_timeout=ready_timeout)
+                 num_cpus: float = 1, num_gpus: float = 0, events: WorkerEvents | None = None):
+        super().__init__(index, argv, ready_timeout=ready_timeout, events=events)
         self.num_cpus, self.num_gpus = num_cpus, num_gpus
 
     async def start(self) -> None:

@@ -12,7 +12,9 @@ import pytest
 
 from gateway.browser_guard import host_of, is_loopback_name, is_loopback_origin
 from gateway.config import GatewayConfig, is_loopback_host, refuse_open_keyless
-from gateway.dispatch import DispatchFailed, Dispatcher, Job
+from gateway.dispatch import DispatchFailed, Dispatcher
+from gateway.inflight import InFlightRequest, InFlightTable, Phase
+from gateway.openai_api import GenerationRequest
 from gateway.queue import QueueEntry, RequestQueue
 from gateway.worker_client import WorkerHandle
 from runtime.protocol import Ready, encode_frame, read_frame_blocking
@@ -46,8 +48,17 @@ def _ready_worker() -> WorkerHandle:
     return w
 
 
-def _job(request_id: str, seed: int, n: int = 2) -> Job:
-    return Job(request_id, [1, 2, 3], {"seed": seed, "max_tokens": 4}, n, 0, None)
+def _job(request_id: str, seed: int, n: int = 2) -> InFlightRequest:
+    request = GenerationRequest("completion", None, None, (1, 2, 3), 4,
+                                SamplingParams(max_tokens=4), n=n)
+    return InFlightRequest(request_id, request, [1, 2, 3], "", {"seed": seed, "max_tokens": 4},
+                           0, None)
+
+
+def _enqueue(dispatcher: Dispatcher, rec: InFlightRequest) -> None:
+    """What the service does: the record is queued, then handed to the dispatcher."""
+    dispatcher.table.move(rec, Phase.QUEUED)
+    dispatcher.enqueue(rec)
 
 
 def test_a_job_whose_frame_cannot_be_encoded_fails_alone():
@@ -55,22 +66,23 @@ def test_a_job_whose_frame_cannot_be_encoded_fails_alone():
     lost for good, and the exception escaped into the caller (or killed the loop)."""
     async def main():
         worker = _ready_worker()
-        dispatcher = Dispatcher([worker], RequestQueue(16))
+        dispatcher = Dispatcher([worker], RequestQueue(16), InFlightTable())
         bad, good = _job("bad", 1 << 70), _job("good", 5)
-        dispatcher.enqueue(bad)
-        dispatcher.enqueue(good)
+        _enqueue(dispatcher, bad)
+        _enqueue(dispatcher, good)
         with pytest.raises(DispatchFailed):
             await bad.assigned
         assert await good.assigned is worker
         assert set(worker.inflight) == {"good/0", "good/1"}  # nothing of "bad" was counted
         assert len(worker.proc.stdin.frames) == 2
         assert len(dispatcher.queue) == 0
+        assert good.phase is Phase.DISPATCHED and bad.phase is Phase.QUEUED  # until settled
     asyncio.run(main())
 
 
 def test_the_dispatch_loop_survives_a_failing_round():
     async def main():
-        dispatcher = Dispatcher([_ready_worker()], RequestQueue(16))
+        dispatcher = Dispatcher([_ready_worker()], RequestQueue(16), InFlightTable())
         real, calls = dispatcher.dispatch_ready, []
 
         def flaky():

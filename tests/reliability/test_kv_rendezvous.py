@@ -110,7 +110,7 @@ def test_ray_store_host_listens_on_the_node_ip(monkeypatch):
 def test_gateway_store_on_loopback_and_secret_only_in_worker_env():
     from aiohttp import web
 
-    from gateway.app import KV_STORE, _create_pd_workers
+    from gateway.app import KV_STORE, GatewayWorkerEvents, _create_pd_workers
     from gateway.config import GatewayConfig
     from gateway.queue import RequestQueue
     from gateway.state import GatewayState
@@ -119,7 +119,7 @@ def test_gateway_store_on_loopback_and_secret_only_in_worker_env():
         config = GatewayConfig(pd="1:1")
         app, state = web.Application(), GatewayState(config)
         state.queue = RequestQueue(config.max_queue, config.aging_seconds)
-        _create_pd_workers(app, state, config)
+        _create_pd_workers(app, state, config, GatewayWorkerEvents(app, state))
         assert listening_addresses(app[KV_STORE].port) == {"127.0.0.1"}
         for w in state.workers:
             secret = w.env[SECRET_ENV]
