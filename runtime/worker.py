@@ -14,15 +14,29 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from runtime.config import EngineConfig
 from runtime.device_stats import DeviceStats
+from runtime.engine_settings import add_worker_flags, settings_from_args
 from runtime.errors import RuntimeErrorBase
 from runtime.gc_tuning import tune_gc_for_serving
 from runtime.outputs import RequestOutput, StepStats
-from runtime.protocol import (AbortRequest, AddRequest, ExportKV, Frame, IdleStats, ImportFailed,
-                              ImportKV, Output, Ready, Rejected, Shutdown, Step, encode_frame,
-                              read_frame_blocking)
+from runtime.protocol import (
+    AbortRequest,
+    AddRequest,
+    ExportKV,
+    Frame,
+    IdleStats,
+    ImportFailed,
+    ImportKV,
+    Output,
+    Ready,
+    Rejected,
+    Shutdown,
+    Step,
+    encode_frame,
+    read_frame_blocking,
+)
 from runtime.sampling_params import SamplingParams
 
 IDLE_STATS_SECONDS = 1.0
@@ -134,8 +148,9 @@ class Worker:
 
     @staticmethod
     def params(fields: dict) -> SamplingParams:
-        return SamplingParams(**{k: tuple(v) if isinstance(v, list) else v
-                                 for k, v in fields.items()})
+        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in fields.items()}
+        return SamplingParams(**kwargs)
 
     def messages(self, outputs: list[RequestOutput]) -> list[Output]:
         messages = [output_message(o) for o in outputs]
@@ -179,15 +194,8 @@ class Worker:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m runtime.worker")
     p.add_argument("--model", default=None)
-    p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
-    p.add_argument("--kv-cache-gb", type=float, default=1.0)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--no-prefix-caching", action="store_true")
-    p.add_argument("--disk-cache-dir", default=None)
-    p.add_argument("--spec", default="off", help="off, ngram, self:L or draft:PATH")
-    p.add_argument("--num-spec-tokens", type=int, default=4)
+    add_worker_flags(p)  # --device, --kv-cache-gb, ...: declared in runtime/engine_settings.py
     p.add_argument("--kv-store", default=None,
                    help="HOST:PORT of the TCPStore for KV transfers (prefill/decode workers)")
     p.add_argument("--fake", action="store_true",
@@ -198,21 +206,16 @@ def parse_args(argv=None):
 
 
 def build_engine(args):
+    settings = settings_from_args(args)
     if args.fake:
         from runtime.fake_engine import FakeEngine
         return FakeEngine(step_seconds=args.fake_step_ms / 1000,
-                          max_num_seqs=args.max_num_seqs)
+                          max_num_seqs=settings.max_num_seqs)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     from runtime.engine import LLMEngine
-    config = EngineConfig(device=args.device, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
-                          max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          enable_prefix_caching=not args.no_prefix_caching,
-                          disk_cache_dir=args.disk_cache_dir, spec=args.spec,
-                          num_spec_tokens=args.num_spec_tokens)
-    return LLMEngine.from_model_path(args.model, config)
+    return LLMEngine.from_model_path(args.model, settings.engine_config())
 
 
 def main(argv=None) -> int:
