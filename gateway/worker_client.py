@@ -369,7 +369,7 @@ class RayWorkerHandle(WorkerHandle):
         except BaseException:
             self.proc.kill()
             raise
-        self.proc.pid = message.get("pid")
+        self.proc.pid = message.pid
         self._mark_ready(message, self._pull_loop(), "pull")
 
     def _encode(self, message: Frame):
