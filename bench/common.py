@@ -12,9 +12,10 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # `python bench/engine.py` puts bench/ first on sys.path, where bench/kernels.py would shadow
@@ -88,7 +89,7 @@ def copy_bandwidth_gbs(nbytes: int = 256 << 20, reps: int = 5) -> float:
     the memory traffic is twice that: one read and one write)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    t = best_time(lambda: dst.copy_(src), reps=reps)
+    t = best_time(partial(dst.copy_, src), reps=reps)
     del src, dst
     return nbytes / t / 1e9
 
@@ -97,7 +98,7 @@ def read_bandwidth_gbs(nbytes: int = 256 << 20, reps: int = 5) -> float:
     """GB/s read by `sum()` over an `nbytes` float32 tensor (what a batch-1 decode step does
     to the weights)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)
-    t = best_time(lambda: src.sum(), reps=reps)
+    t = best_time(src.sum, reps=reps)
     del src
     return nbytes / t / 1e9
 
@@ -153,7 +154,7 @@ class LinearProfile:
         """Cheapest measured per-token cost of the layers (a large batch of rows)."""
         return min(t / n for n, t in zip(self.sizes, self.layer_s))
 
-    def merged_min(self, other: "LinearProfile") -> "LinearProfile":
+    def merged_min(self, other: LinearProfile) -> LinearProfile:
         """Element-wise minimum of two measurements of the same sizes (e.g. before and after
         a benchmark), so a noisy moment does not loosen the bound."""
         assert self.sizes == other.sizes
@@ -188,10 +189,10 @@ def measure_linear(weights: Iterable[torch.Tensor], lm_head: torch.Tensor,
 
             def run_layers():
                 for w in weights:
-                    F.linear(xs[w.shape[1]], w)
+                    F.linear(xs[w.shape[1]], w)  # noqa: B023 - timed in this iteration only
 
             def run_head():
-                F.linear(xs[lm_head.shape[1]], lm_head)
+                F.linear(xs[lm_head.shape[1]], lm_head)  # noqa: B023 - as above
 
             layer_s.append(best_time(run_layers, reps=reps, min_total_s=min_total_s))
             head_s.append(best_time(run_head, reps=reps, min_total_s=min_total_s / 4))

@@ -31,7 +31,6 @@ from common import fmt, log, markdown_table, median, percentile  # noqa: E402
 
 import torch  # noqa: E402
 
-
 # ---- workload ---------------------------------------------------------------------------
 _SUBJECTS = ["The engineer", "A small team", "The old library", "Our new scheduler", "The river",
              "Every student", "The committee", "A curious child", "The city council",

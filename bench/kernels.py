@@ -81,8 +81,11 @@ def paged_case(batch, context, heads, kv_heads, head_dim, dtype, gen):
 
 def check_decode(q, k_cache, v_cache, tables, lens, scale, rows=4) -> float:
     """Max abs difference to the reference on the first `rows` sequences."""
-    from kernels.paged_attention import (context_slots, paged_decode_attention_ref,
-                                         paged_decode_attention_triton)
+    from kernels.paged_attention import (
+        context_slots,
+        paged_decode_attention_ref,
+        paged_decode_attention_triton,
+    )
     q, tables, lens = q[:rows], tables[:rows], lens[:rows]
     got = paged_decode_attention_triton(q, k_cache, v_cache, tables, lens, BLOCK, scale)
     slots, valid = context_slots(tables.long(), lens.long(), BLOCK)

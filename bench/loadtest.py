@@ -142,7 +142,10 @@ def prefix_cache(quick: bool) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     cols = list(rows[0])
-    cell = (lambda v: f"{v:.2f}" if isinstance(v, float) else str(v))
+
+    def cell(v) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
     return "\n".join(lines)

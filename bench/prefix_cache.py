@@ -95,10 +95,7 @@ _LINKS = ["Afterwards,", "Meanwhile,", "Later that week,", "Surprisingly,", "As 
 def _sentence(rng: random.Random) -> str:
     s = f"{rng.choice(_PEOPLE)} {rng.choice(_ACTIONS)} {rng.choice(_THINGS)} " \
         f"{rng.choice(_WHEN)} {rng.choice(_WHY)}."
-    if rng.random() < 0.3:
-        s = f"{rng.choice(_LINKS)} {s}"
-    else:
-        s = s[0].upper() + s[1:]
+    s = f"{rng.choice(_LINKS)} {s}" if rng.random() < 0.3 else s[0].upper() + s[1:]
     return s
 
 
@@ -139,7 +136,7 @@ def template_parts(tokenizer) -> tuple[str, str]:
     marker = "\u2063DOC\u2063"
     try:
         text = tokenizer.apply_chat_template([{"role": "user", "content": marker}])
-    except Exception:  # no chat template: plain text
+    except Exception:  # noqa: BLE001 - no chat template: plain text
         return "", "\nAnswer:"
     head, tail = text.split(marker)
     return head, tail

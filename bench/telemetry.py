@@ -41,7 +41,7 @@ def subscribe_feed(url: str, stop: threading.Event, counter: dict) -> threading.
                 while not stop.is_set():
                     try:
                         msg = await asyncio.wait_for(ws.receive(), 0.5)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         continue
                     counter["frames"] += 1
                     counter["bytes"] += len(msg.data or "")

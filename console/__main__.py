@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     recorder = Recorder(args.record) if args.record else None
+    source: ReplayFeed | LiveFeed
     if args.replay:
         source = ReplayFeed(args.replay, speed=args.speed)
     else:

@@ -43,7 +43,7 @@ class FeedEvent(Message):
 class ConsoleApp(App[None]):
     CSS_PATH = Path(__file__).with_name("console.tcss")
     TITLE = "inferstack console"
-    HORIZONTAL_BREAKPOINTS: ClassVar = [(0, "-narrow"), (120, "-wide")]
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]
     BINDINGS: ClassVar = [
         Binding("p", "toggle_pause", "Pause"),
         Binding("f", "fleet", "Fleet size"),

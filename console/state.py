@@ -150,7 +150,7 @@ class ConsoleState:
         """Fold one frame in; returns its type, or None when it was malformed (and counted)."""
         kind = frame.get("type") if isinstance(frame, dict) else None
         handler = {"hello": self._hello, "snapshot": self._snapshot,
-                   "spans": self._spans}.get(kind)  # type: ignore[arg-type]
+                   "spans": self._spans}.get(kind)
         if handler is None:
             self.num_malformed += 1
             return None

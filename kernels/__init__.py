@@ -17,12 +17,18 @@ import torch
 
 from kernels._utils import HAS_TRITON
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
-from kernels.paged_attention import (context_slots, paged_decode_attention_ref,
-                                     paged_decode_attention_slots_triton,
-                                     paged_decode_attention_triton)
-from kernels.prefill_attention import (prefill_attention_ref, prefill_attention_triton,
-                                       prefill_attention_varlen_ref,
-                                       prefill_attention_varlen_triton)
+from kernels.paged_attention import (
+    context_slots,
+    paged_decode_attention_ref,
+    paged_decode_attention_slots_triton,
+    paged_decode_attention_triton,
+)
+from kernels.prefill_attention import (
+    prefill_attention_ref,
+    prefill_attention_triton,
+    prefill_attention_varlen_ref,
+    prefill_attention_varlen_triton,
+)
 from kernels.rms_norm import rms_norm_ref, rms_norm_triton
 from kernels.rotary import apply_rotary_ref, apply_rotary_triton, rotary_cos_sin
 from kernels.store_kv import store_kv_ref, store_kv_triton

@@ -7,8 +7,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._utils import (check, check_float, check_inner_contiguous, kernel, next_pow2,
-                            same_device, tl, triton)
+from kernels._utils import (
+    check,
+    check_float,
+    check_inner_contiguous,
+    kernel,
+    next_pow2,
+    same_device,
+    tl,
+    triton,
+)
 
 
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:

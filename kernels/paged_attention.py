@@ -10,8 +10,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._utils import (check, check_float, check_index, check_inner_contiguous, kernel,
-                            next_pow2, same_device, sm_count, tl, triton)
+from kernels._utils import (
+    check,
+    check_float,
+    check_index,
+    check_inner_contiguous,
+    kernel,
+    next_pow2,
+    same_device,
+    sm_count,
+    tl,
+    triton,
+)
 
 MAX_SPLITS = 32
 
@@ -38,9 +48,9 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
     Returns [B, H, D]. Grouped-query heads: query head h reads KV head h // (H // KVH).
     """
-    b, l = slots.shape
-    k = k_cache.index_select(0, slots.reshape(-1)).view(b, l, *k_cache.shape[1:])
-    v = v_cache.index_select(0, slots.reshape(-1)).view(b, l, *v_cache.shape[1:])
+    b, n_ctx = slots.shape
+    k = k_cache.index_select(0, slots.reshape(-1)).view(b, n_ctx, *k_cache.shape[1:])
+    v = v_cache.index_select(0, slots.reshape(-1)).view(b, n_ctx, *v_cache.shape[1:])
     mask = valid[:, None, None, :]
     out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask, scale=scale, enable_gqa=True)

@@ -10,8 +10,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._utils import (check, check_float, check_index, check_inner_contiguous, kernel,
-                            next_pow2, same_device, tl, triton)
+from kernels._utils import (
+    check,
+    check_float,
+    check_index,
+    check_inner_contiguous,
+    kernel,
+    next_pow2,
+    same_device,
+    tl,
+    triton,
+)
 
 
 def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -8,8 +8,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._utils import (check, check_float, check_inner_contiguous, kernel, next_pow2,
-                            same_device, tl)
+from kernels._utils import (
+    check,
+    check_float,
+    check_inner_contiguous,
+    kernel,
+    next_pow2,
+    same_device,
+    tl,
+)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,

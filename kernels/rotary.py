@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import torch
 
-from kernels._utils import (check, check_float, check_inner_contiguous, kernel, next_pow2,
-                            same_device, tl, triton)
+from kernels._utils import (
+    check,
+    check_float,
+    check_inner_contiguous,
+    kernel,
+    next_pow2,
+    same_device,
+    tl,
+    triton,
+)
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,

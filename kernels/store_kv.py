@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import torch
 
-from kernels._utils import (check, check_float, check_index, check_inner_contiguous, kernel,
-                            next_pow2, same_device, tl, triton)
+from kernels._utils import (
+    check,
+    check_float,
+    check_index,
+    check_inner_contiguous,
+    kernel,
+    next_pow2,
+    same_device,
+    tl,
+    triton,
+)
 
 
 def store_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,

@@ -5,7 +5,6 @@ Every time is time.perf_counter() minus the run's origin, taken when the bytes a
 """
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
@@ -31,7 +30,7 @@ class Client:
         self.session: aiohttp.ClientSession | None = None
         self.ws: WSPool | None = None
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout,
                                              read_bufsize=1 << 20)
@@ -79,7 +78,7 @@ class Client:
                                       rec, reader)
             else:
                 await self._http(spec, rec)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             reader.fail("timeout", "no complete answer within the timeout")
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
             reader.fail("truncated", str(exc) or type(exc).__name__)

@@ -33,7 +33,7 @@ def lookup(doc: dict, path: tuple):
 
 
 def diff_rows(a: dict, b: dict) -> list[tuple[str, object, object, object, object]]:
-    rows = []
+    rows: list[tuple[str, object, object, object, object]] = []
     for label, path in ROWS:
         x, y = lookup(a, path), lookup(b, path)
         delta = y - x if isinstance(x, (int, float)) and isinstance(y, (int, float)) else None

@@ -17,7 +17,7 @@ class Dist:
     b: float = 0.0
 
     @classmethod
-    def parse(cls, text: str | int) -> "Dist":
+    def parse(cls, text: str | int) -> Dist:
         parts = str(text).split(":")
         if len(parts) == 1:
             return cls("fixed", float(parts[0]))

@@ -47,7 +47,7 @@ class Mix:
         self.by_name = {t.name: t for t in tenants}
 
     @classmethod
-    def default(cls, api_key: str | None = None) -> "Mix":
+    def default(cls, api_key: str | None = None) -> Mix:
         return cls(parse_tenants(None, api_key), parse_priorities(None))
 
     def draw(self, rng: random.Random) -> tuple[Tenant, int | None]:

@@ -23,7 +23,7 @@ class PriceBook:
     use_reported: bool = True  # False: price every request locally, ignoring usage.cost
 
     @classmethod
-    def preset(cls, name: str, use_reported: bool = True) -> "PriceBook":
+    def preset(cls, name: str, use_reported: bool = True) -> PriceBook:
         if name not in PRESETS:
             raise ValueError(f"unknown price book {name!r}: one of {', '.join(PRESETS)}")
         return cls(name, *PRESETS[name], use_reported)

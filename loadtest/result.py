@@ -26,7 +26,7 @@ def build_result(out: RunOutput, run: dict, slo: SLO, book: PriceBook, gpus: flo
     money = (slo, book, gpus, gpu_cost_per_hour)
     result = {
         "schema": SCHEMA,
-        "run": {**run, "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "run": {**run, "finished_at": dt.datetime.now(dt.UTC).isoformat(),
                 "slo": slo.as_dict(), "price_book": book.name, "gpus": gpus,
                 "gpu_cost_per_hour": gpu_cost_per_hour},
         "summary": figures(measured, *money),

@@ -13,7 +13,7 @@ from loadtest.client import Client
 from loadtest.mix import Mix
 from loadtest.pricing import PriceBook
 from loadtest.result import build_result
-from loadtest.runner import LoadShape, RunOutput, Runner
+from loadtest.runner import LoadShape, Runner, RunOutput
 from loadtest.slo import SLO
 from loadtest.workloads import WorkloadParams, make_workload
 
@@ -48,7 +48,7 @@ async def find_model(url: str, api_key: str | None) -> str:
             async with s.get(url.rstrip("/") + "/v1/models", headers=headers) as r:
                 data = (await r.json()).get("data") or []
                 return data[0]["id"] if data else "default"
-    except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, TypeError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, KeyError, TypeError, ValueError):
         return "default"
 
 
@@ -62,7 +62,7 @@ def run_info(st: Settings, model: str) -> dict:
                                 "users": p.users, "turns": p.turns},
             "tenants": [t.name for t in st.mix.tenants],
             "priorities": [c for c, _ in st.mix.priorities],
-            "started_at": dt.datetime.now(dt.timezone.utc).isoformat()}
+            "started_at": dt.datetime.now(dt.UTC).isoformat()}
 
 
 async def run_load(st: Settings, progress: bool = False) -> tuple[dict, RunOutput]:

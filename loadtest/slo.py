@@ -19,7 +19,7 @@ class SLO:
     e2e_ms: float | None = None
 
     @classmethod
-    def parse(cls, text: str | None) -> "SLO":
+    def parse(cls, text: str | None) -> SLO:
         if not text:
             return cls()
         limits = {}

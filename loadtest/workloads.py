@@ -86,7 +86,7 @@ def _shared_prefix(p: WorkloadParams, rng: random.Random):
 def _chat(p: WorkloadParams, rng: random.Random):
     histories: list[list[dict]] = [[] for _ in range(p.users)]
     while True:
-        for user, history in enumerate(histories):
+        for history in histories:
             if len(history) >= 2 * p.turns:
                 history.clear()
             history.append({"role": "user", "content": words(rng, p.input_len.draw(rng))})

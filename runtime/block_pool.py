@@ -7,6 +7,8 @@ Invariants:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 
 class KVBlock:
     """One fixed-size block of KV slots; `block_hash` is set once the block is full and cached."""
@@ -78,7 +80,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         # hook for the prefix cache: called with a block about to be reused while still cached
-        self.on_evict = None
+        self.on_evict: Callable[[KVBlock], None] | None = None
 
     @property
     def num_blocks(self) -> int:

@@ -50,7 +50,7 @@ class KVTransport:
         self.host, self.port = host, int(port)
         self.secret = secret or secret_from_env()
         self.post = post  # puts an internal message on the worker's command queue
-        self._store = None
+        self._store: torch.distributed.TCPStore | None = None
         self._groups: dict[str, tuple] = {}  # pair key -> (group, its sealed store)
         self._lock = threading.Lock()
         self.sends: queue.Queue = queue.Queue()

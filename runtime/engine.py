@@ -88,7 +88,7 @@ class LLMEngine:
 
     @classmethod
     def from_model_path(cls, path: str | None = None, config: EngineConfig = EngineConfig(),
-                        cache_dir: str | None = None) -> "LLMEngine":
+                        cache_dir: str | None = None) -> LLMEngine:
         return cls(load_checkpoint(path, cache_dir=cache_dir), config)
 
     # ---- requests ---------------------------------------------------------------------
@@ -249,7 +249,7 @@ class LLMEngine:
                 "spec_accepted_per_pos": list(c.spec_accepted_per_pos)}
 
     # ---- conveniences -----------------------------------------------------------------
-    def prompt_logits(self, prompt_token_ids: list[int]) -> "torch.Tensor":
+    def prompt_logits(self, prompt_token_ids: list[int]) -> torch.Tensor:
         """Logits [n, vocab] at every prompt position, computed in one pass through the paged
         cache; the blocks are returned before this returns. Fails if other requests are busy."""
         if self.has_unfinished_requests():

@@ -1,8 +1,9 @@
 """The surface a worker drives, whatever engine is behind it.
 
 `LLMEngine` (the model) and `FakeEngine` (no model, for gateway tests and benchmarks) both
-implement it; `runtime/worker.py` drives one over frames, and `tests/runtime/test_engine_contract.py`
-holds all of them, the worker process included, to the same behaviour.
+implement it; `runtime/worker.py` drives one over frames, and
+`tests/runtime/test_engine_contract.py` holds all of them, the worker process included, to the
+same behaviour.
 
 Invariants every implementation keeps:
 - `add_request` validates first and changes nothing when it raises (a `RuntimeErrorBase`).

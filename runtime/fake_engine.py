@@ -47,7 +47,7 @@ class FakeEngine:
         self.block_size, self.num_blocks = block_size, num_blocks
         self.words = tokenizer.encode(WORDS)
         self.requests: dict[str, _FakeRequest] = {}
-        self.seen_blocks: set[tuple] = set()
+        self.seen_blocks: set[int] = set()  # hashes of chained block keys
         self.steps = 0
         self.busy = 0.0
         self.generated = 0

@@ -83,7 +83,7 @@ def read_header(path: str) -> tuple[dict, list[TensorInfo]]:
     seconds on a 49k-token vocabulary; this takes a fraction of a second.
     """
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 - entered just below, once the open has succeeded
     except OSError as e:
         raise ModelLoadError(f"{path}: unreadable: {e}") from e
     with f, _errors_named(path):

@@ -130,7 +130,7 @@ def open_group(store: dist.Store, secret: str, pair: str, rank: int, store_host:
     Returns (group, sealed store): gloo holds the Python store only by a C++ pointer."""
     key = group_key(secret, pair)
     sealed = SealedStore(dist.PrefixStore(group_name(secret, pair), store), key)
-    options = dist.ProcessGroupGloo._Options()
+    options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # private, no stub
     options._devices = [dist.ProcessGroupGloo.create_device(
         hostname=local_address(store_host))]
     options._timeout = timeout

@@ -128,7 +128,8 @@ class ModelRunner:
         prefills = [s for s in batch if s.num_new_tokens > 1]
         bs = self.block_size
         # a decode needs only its new token's position and slot: plain ints, no tensors
-        ids, positions, last_index = [], [], {}
+        ids: list[int] = []
+        positions, last_index = [], {}
         slot_chunks = [torch.tensor([s.block_ids[s.start_position // bs] * bs
                                      + s.start_position % bs for s in decodes],
                                     dtype=torch.long)]

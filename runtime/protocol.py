@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 import orjson
 
@@ -155,7 +155,7 @@ class ImportFailed:
 
 Frame = (AddRequest | AbortRequest | Shutdown | ExportKV | ImportKV | Ready | Step | Rejected
          | IdleStats | TransferDone | ImportFailed)
-_FRAMES: dict[str, type] = {cls.__dataclass_fields__["type"].default: cls for cls in (
+_FRAMES: dict[str, type] = {cast(str, cls.__dataclass_fields__["type"].default): cls for cls in (
     AddRequest, AbortRequest, Shutdown, ExportKV, ImportKV, Ready, Step, Rejected, IdleStats,
     TransferDone, ImportFailed)}
 _FIELDS = {name: {f.name for f in fields(cls)} - {"type"} for name, cls in _FRAMES.items()}

@@ -7,9 +7,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from runtime.sampling_params import SamplingParams
 from runtime.spec_decode.governor import SpecState
+
+if TYPE_CHECKING:
+    from runtime.detokenizer import IncrementalDetokenizer
 
 
 class RequestStatus(enum.Enum):
@@ -46,7 +50,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     stop_reason: str | int | None = None
-    detokenizer: object = None  # IncrementalDetokenizer (set by the engine)
+    detokenizer: IncrementalDetokenizer | None = None  # set by the engine
     spec: SpecState = field(default_factory=SpecState)  # the speculation governor's record
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

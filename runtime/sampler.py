@@ -188,8 +188,8 @@ class Sampler:
         chosen = lp.gather(1, tokens.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()
         n_top = max(rows[i].params.top_logprobs for i in wanted)
         if n_top > 0:
-            top_vals, top_ids = lp.topk(min(n_top, lp.shape[1]), dim=-1)
-            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+            top_vals_t, top_ids_t = lp.topk(min(n_top, lp.shape[1]), dim=-1)
+            top_vals, top_ids = top_vals_t.tolist(), top_ids_t.tolist()
         for j, i in enumerate(wanted):
             logprobs[i] = chosen[j]
             n = rows[i].params.top_logprobs

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from runtime.errors import InvalidRequestError
 
@@ -44,6 +45,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     speculative: bool = True  # False opts this request out of speculative decoding
+    if TYPE_CHECKING:  # for the checker only: each instance sets its own in __post_init__;
+        stop_token_set: ClassVar[frozenset[int]]  # ClassVar so it is not a dataclass field
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -85,7 +88,8 @@ class SamplingParams:
             raise bad("repetition_penalty",
                       f"must be in (0, 10], got {self.repetition_penalty}")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
-            raise bad("top_logprobs", f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+            raise bad("top_logprobs",
+                      f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or not MIN_SEED <= self.seed <= MAX_SEED):
             raise bad("seed", f"must be an integer in [{MIN_SEED}, {MAX_SEED}], "

@@ -20,7 +20,7 @@ def validate_request(request_id: object, prompt_token_ids: object, params: objec
                                   param="priority")
     _check_salt(cache_salt)
     _check_tokens(prompt_token_ids, vocab_size)
-    n = len(prompt_token_ids)
+    n = len(prompt_token_ids)  # type: ignore[arg-type]  # a list or tuple: _check_tokens passed
     if n >= max_model_len:
         raise PromptTooLongError(
             f"prompt has {n} tokens; the model's context is {max_model_len} tokens and at least "

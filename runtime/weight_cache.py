@@ -55,7 +55,7 @@ def load(source: str, cache_dir: str | None = None
         weights = load_file(path)
         if "model.norm.weight" not in weights:
             raise ValueError("incomplete weights")
-    except Exception:  # truncated, garbled or from another version: rebuild it
+    except Exception:  # noqa: BLE001 - truncated, garbled or from another version: rebuild it
         _remove(path)
         return None
     return config, weights, tokenizer

@@ -17,7 +17,7 @@ class SpecConfig:
         return self.method != "off"
 
     @classmethod
-    def parse(cls, text: str | None, num_tokens: int = 4, max_batch: int = 4) -> "SpecConfig":
+    def parse(cls, text: str | None, num_tokens: int = 4, max_batch: int = 4) -> SpecConfig:
         text = (text or "off").strip()
         if text == "off":
             return cls()

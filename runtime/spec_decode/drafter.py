@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
+
+if TYPE_CHECKING:
+    from runtime.request import Request
 
 
 class ModelDrafter:
@@ -27,7 +31,7 @@ class ModelDrafter:
         self._written: dict[str, int] = {}  # request id -> positions [0, n) in the draft cache
 
     @classmethod
-    def self_draft(cls, runner, num_layers: int) -> "ModelDrafter":
+    def self_draft(cls, runner, num_layers: int) -> ModelDrafter:
         target = runner.model
         if not 0 < num_layers < len(target.layers):
             raise ValueError(f"self:{num_layers} needs 0 < L < {len(target.layers)} layers")
@@ -36,7 +40,7 @@ class ModelDrafter:
         return cls(runner, model, runner.kv_caches[:num_layers], catch_up=False)
 
     @classmethod
-    def draft_model(cls, runner, checkpoint) -> "ModelDrafter":
+    def draft_model(cls, runner, checkpoint) -> ModelDrafter:
         from runtime.model import LlamaModel
         cfg = checkpoint.config
         if cfg.vocab_size != runner.model_cfg.vocab_size:
@@ -54,7 +58,7 @@ class ModelDrafter:
             self._written.pop(rid, None)
 
     @torch.inference_mode()
-    def propose(self, out: SchedulerOutput, requests: Mapping[str, object]
+    def propose(self, out: SchedulerOutput, requests: Mapping[str, Request]
                 ) -> dict[str, tuple[int, ...]]:
         """`num_spec` greedy drafts for every speculating request, by request id. Called only
         in steps that speculate: a draft model first catches up on every position its cache
@@ -75,7 +79,7 @@ class ModelDrafter:
         return {rid: tuple(tokens) for rid, tokens in drafts.items()}
 
     def _catch_up_batch(self, out: SchedulerOutput,
-                        requests: Mapping[str, object]) -> list[ScheduledRequest]:
+                        requests: Mapping[str, Request]) -> list[ScheduledRequest]:
         """Every scheduled request's regular tokens, from the first position the draft cache
         lacks: positions it wrote that are no longer computed (rejected drafts, preemption) and
         prefix-cache hits are (re)written. Proposals written earlier and accepted stay."""

@@ -5,11 +5,20 @@ import pytest
 import torch
 
 import kernels
-from kernels.paged_attention import (context_slots, paged_decode_attention_ref,
-                                     paged_decode_attention_slots_triton,
-                                     paged_decode_attention_triton)
-from tests.kernels.helpers import (DTYPES, assert_close, block_tables_for, fill_context,
-                                   paged_cache, poisoned)
+from kernels.paged_attention import (
+    context_slots,
+    paged_decode_attention_ref,
+    paged_decode_attention_slots_triton,
+    paged_decode_attention_triton,
+)
+from tests.kernels.helpers import (
+    DTYPES,
+    assert_close,
+    block_tables_for,
+    fill_context,
+    paged_cache,
+    poisoned,
+)
 
 BLOCK = 16
 LENGTHS = [1, 15, 16, 17, 300]  # one batch: variable lengths around a page boundary, and long

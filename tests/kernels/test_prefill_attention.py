@@ -4,11 +4,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.prefill_attention import (prefill_attention_ref, prefill_attention_triton,
-                                       prefill_attention_varlen_ref,
-                                       prefill_attention_varlen_triton)
-from tests.kernels.helpers import (DTYPES, assert_close, block_tables_for, fill_context,
-                                   paged_cache, poisoned)
+from kernels.prefill_attention import (
+    prefill_attention_ref,
+    prefill_attention_triton,
+    prefill_attention_varlen_ref,
+    prefill_attention_varlen_triton,
+)
+from tests.kernels.helpers import (
+    DTYPES,
+    assert_close,
+    block_tables_for,
+    fill_context,
+    paged_cache,
+    poisoned,
+)
 
 BLOCK = 16
 KV_HEADS = 2

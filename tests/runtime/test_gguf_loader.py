@@ -1,7 +1,6 @@
 """GGUF reading: a tiny file written with gguf.GGUFWriter, broken files, and the real SmolLM2."""
 from __future__ import annotations
 
-
 import gguf
 import numpy as np
 import pytest
@@ -174,7 +173,8 @@ def test_untied_has_lm_head(tmp_path):
 
 
 def test_truncated_file(tiny, tmp_path):
-    data = open(tiny[0], "rb").read()
+    with open(tiny[0], "rb") as f:
+        data = f.read()
     for cut in (3, 40, len(data) // 50, len(data) - 100):
         path = tmp_path / f"cut{cut}.gguf"
         path.write_bytes(data[:cut])

@@ -117,12 +117,15 @@ def test_broken_folders(tiny_gguf, tmp_path, breakage, message):
     elif breakage == "config":
         os.remove(os.path.join(folder, "config.json"))
     elif breakage == "json":
-        open(os.path.join(folder, "config.json"), "w").write("{not json")
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            f.write("{not json")
     elif breakage == "tokenizer":
-        open(os.path.join(folder, "tokenizer.json"), "w").write("{}")
+        with open(os.path.join(folder, "tokenizer.json"), "w") as f:
+            f.write("{}")
     elif breakage == "weights":
         path = os.path.join(folder, "model-00001-of-00001.safetensors")
-        open(path, "r+b").truncate(100)
+        with open(path, "r+b") as f:
+            f.truncate(100)
     elif breakage == "tensor":
         weights = dict(tiny_gguf[1])
         del weights["model.layers.1.mlp.up_proj.weight"]

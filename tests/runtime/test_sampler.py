@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from runtime.sampler import SamplingRow, Sampler, apply_penalties, filtered_probs
+from runtime.sampler import Sampler, SamplingRow, apply_penalties, filtered_probs
 from runtime.sampling_params import SamplingParams
 
 # probabilities that are exact in binary, so support boundaries are far from rounding

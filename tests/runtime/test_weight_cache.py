@@ -50,7 +50,8 @@ def test_corrupt_cache_file_is_rebuilt(gguf_path, tmp_path, damage):
     cache = str(tmp_path / "cache")
     good = load_checkpoint(gguf_path, cache_dir=cache)
     path = weight_cache.cache_path(gguf_path, cache)
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     broken = {"truncate": data[: len(data) // 2], "garbage": os.urandom(len(data)), "empty": b""}
     with open(path, "wb") as f:
         f.write(broken[damage])
