@@ -44,10 +44,7 @@ block with the workload), so one-time costs are not charged to either mode.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import gc
 import os
-import random
 import sys
 import tempfile
 import time
@@ -56,257 +53,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  (also puts the repo root on sys.path)
 from common import fmt, log, markdown_table, median  # noqa: E402
 
-import torch  # noqa: E402
-
-from runtime.config import EngineConfig  # noqa: E402
-from runtime.engine import LLMEngine  # noqa: E402
-from runtime.loader import default_model_path, load_checkpoint  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
-
-# ---- invented text ----------------------------------------------------------------------
-_PEOPLE = ["the harbour master", "the night baker", "a retired surveyor", "the choir director",
-           "the young archivist", "a travelling tinker", "the lighthouse keeper",
-           "the village doctor", "a patient gardener", "the ferry captain", "the clockmaker",
-           "a shy violinist", "the mayor's secretary", "the beekeeper", "a visiting botanist",
-           "the schoolteacher", "the stationmaster", "a wandering painter", "the miller",
-           "the postwoman"]
-_ACTIONS = ["repaired", "catalogued", "measured", "painted", "questioned", "rebuilt",
-            "translated", "inspected", "mapped", "photographed", "restored", "counted",
-            "described", "guarded", "moved", "sketched", "weighed", "tested", "polished",
-            "recorded"]
-_THINGS = ["the copper weathervane", "forty crates of apples", "the eastern sea wall",
-           "an unsigned letter", "the broken organ pipes", "the tide tables",
-           "a map of the marshes", "the bell tower stairs", "the winter grain stores",
-           "a box of glass lenses", "the old signal lamps", "the orchard fences",
-           "the ledger of ship arrivals", "a cracked stone bridge", "the festival banners",
-           "the school's star charts", "a crate of tin soldiers", "the mill's water wheel"]
-_WHEN = ["before dawn on Tuesday", "during the long storm", "after the spring fair",
-         "in the second week of March", "while the river was frozen", "on a foggy evening",
-         "just before the harvest", "the day the ferry was late", "at the end of autumn",
-         "under a full moon", "in the middle of the night", "after the council meeting"]
-_WHY = ["because the council asked for it", "to settle an old argument", "for the museum",
-        "as a favour to a neighbour", "to prepare for the visitors", "out of simple curiosity",
-        "because nobody else could", "to win a small wager", "for the town records",
-        "so the children could learn"]
-_LINKS = ["Afterwards,", "Meanwhile,", "Later that week,", "Surprisingly,", "As a result,",
-          "In the end,", "Not long after,", "At the same time,"]
-
-
-def _sentence(rng: random.Random) -> str:
-    s = f"{rng.choice(_PEOPLE)} {rng.choice(_ACTIONS)} {rng.choice(_THINGS)} " \
-        f"{rng.choice(_WHEN)} {rng.choice(_WHY)}."
-    s = f"{rng.choice(_LINKS)} {s}" if rng.random() < 0.3 else s[0].upper() + s[1:]
-    return s
-
-
-def make_document_ids(tokenizer, num_tokens: int, seed: int) -> list[int]:
-    """Exactly `num_tokens` token ids of an invented report (paragraphs of sentences)."""
-    rng = random.Random(seed)
-    paragraphs, total = [], 0
-    while total < num_tokens + 64:
-        para = " ".join(_sentence(rng) for _ in range(rng.randint(3, 6)))
-        paragraphs.append(para)
-        total += len(tokenizer.encode(para)) + 1
-    text = "Report on the town of Westmere.\n\n" + "\n\n".join(paragraphs)
-    ids = tokenizer.encode(text)
-    assert len(ids) >= num_tokens, (len(ids), num_tokens)
-    return ids[:num_tokens]
-
-
-def make_questions(n: int, seed: int) -> list[str]:
-    """`n` different short questions (~10-20 tokens each)."""
-    rng = random.Random(seed)
-    stems = ["What did {p} do {w}?", "Why did {p} work on {t}?", "When did {p} visit {t}?",
-             "Who helped {p} with {t}?", "How long did {p} spend on {t}?",
-             "What happened to {t} {w}?", "Summarise what the report says about {p}.",
-             "Which event involved {t} and {p}?"]
-    seen, out = set(), []
-    while len(out) < n:
-        q = rng.choice(stems).format(p=rng.choice(_PEOPLE), t=rng.choice(_THINGS),
-                                     w=rng.choice(_WHEN))
-        q = q[0].upper() + q[1:]
-        if q not in seen:
-            seen.add(q)
-            out.append(q)
-    return out
-
-
-def template_parts(tokenizer) -> tuple[str, str]:
-    """Chat-template text before and after a single user message's content."""
-    marker = "\u2063DOC\u2063"
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": marker}])
-    except Exception:  # noqa: BLE001 - no chat template: plain text
-        return "", "\nAnswer:"
-    head, tail = text.split(marker)
-    return head, tail
-
-
-def shared_report_prompts(tokenizer, doc_ids: list[int], questions: list[str]) -> list[list[int]]:
-    """Template header + document + "\\n\\nQuestion: q" + template tail, tokenized in pieces so
-    every prompt starts with exactly the same ids."""
-    head, tail = template_parts(tokenizer)
-    head_ids = tokenizer.encode(head)
-    return [head_ids + doc_ids + tokenizer.encode(f"\n\nQuestion: {q}{tail}") for q in questions]
-
-
-_TOPICS = ["the harbour", "the bell tower", "the orchard", "the old mill", "the marshes",
-           "the ferry", "the spring fair", "the lighthouse", "the town museum", "the bakery",
-           "the star charts", "the sea wall"]
-_FOLLOWUPS = ["Can you say more about that?", "Who else was involved?", "Why does that matter?",
-              "What happened next?", "Give me one more detail.", "Is that unusual?",
-              "How would you explain it to a child?", "What should I ask next?",
-              "Summarise that in one line.", "What is the most surprising part?"]
-
-
-def conversation_user_message(conv: int, turn: int, seed: int) -> str:
-    rng = random.Random(seed * 1000003 + conv * 101 + turn)
-    if turn == 0:
-        return f"Tell me a short story about {_TOPICS[conv % len(_TOPICS)]} and " \
-               f"{rng.choice(_PEOPLE)}."
-    return rng.choice(_FOLLOWUPS)
-
-
-# ---- measurement ------------------------------------------------------------------------
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    ta, tb = torch.tensor(a[:n]), torch.tensor(b[:n])
-    diff = (ta != tb).nonzero()
-    return int(diff[0]) if len(diff) else n
-
-
-def possible_hits(prompt: list[int], earlier: list[list[int]], block_size: int) -> int:
-    best = max((common_prefix(prompt, s) for s in earlier), default=0)
-    best = min(best, len(prompt) - 1)
-    return best // block_size * block_size
-
-
-class Tracker:
-    """Everything submitted to an engine so far, for the `possible` bound."""
-
-    def __init__(self, block_size: int):
-        self.block_size = block_size
-        self.sequences: list[list[int]] = []
-
-    def possible(self, prompts: list[list[int]]) -> list[int]:
-        """Bound for a batch submitted at once, in submission order."""
-        out, earlier = [], list(self.sequences)
-        for p in prompts:
-            out.append(possible_hits(p, earlier, self.block_size))
-            earlier.append(p)
-        return out
-
-    def add(self, sequences: list[list[int]]) -> None:
-        self.sequences.extend(sequences)
-
-
-def params(max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
-def run_batch(engine: LLMEngine, requests: list[tuple[str, list[int]]], max_tokens: int) -> dict:
-    """Add every request now, step until all finish. Per-request TTFT, usage and outputs."""
-    kv0 = dataclasses.replace(engine.kv.stats)
-    pre0 = engine.counters.num_preemptions
-    t_add: dict[str, float] = {}
-    ttft: dict[str, float] = {}
-    usage: dict = {}
-    out_ids: dict[str, list[int]] = {rid: [] for rid, _ in requests}
-    out_text: dict[str, str] = {rid: "" for rid, _ in requests}
-    prefill = decode = steps = 0
-    busy = 0.0
-    t0 = time.perf_counter()
-    for rid, ids in requests:
-        t_add[rid] = time.perf_counter()
-        engine.add_request(rid, ids, params(max_tokens))
-    while engine.has_unfinished_requests():
-        outputs, st = engine.step()
-        now = time.perf_counter()
-        steps += 1
-        prefill += st.num_prefill_tokens
-        decode += st.num_decode_tokens
-        busy += st.seconds_busy
-        for o in outputs:
-            if o.request_id not in t_add:
-                continue
-            if o.request_id not in ttft and o.new_token_ids:
-                ttft[o.request_id] = now - t_add[o.request_id]
-            out_ids[o.request_id].extend(o.new_token_ids)
-            out_text[o.request_id] += o.new_text
-            usage[o.request_id] = o.usage
-    wall = time.perf_counter() - t0
-    kv1 = engine.kv.stats
-    order = [rid for rid, _ in requests]
-    return {
-        "ids": order,
-        "ttft_s": [ttft[r] for r in order],
-        "prompt_tokens": [usage[r].prompt_tokens for r in order],
-        "cached_tokens": [usage[r].cached_tokens for r in order],
-        "output_ids": [out_ids[r] for r in order],
-        "output_text": [out_text[r] for r in order],
-        "step_prefill_tokens": prefill, "step_decode_tokens": decode, "steps": steps,
-        "busy_s": busy, "wall_s": wall,
-        "kv_queries": kv1.queries - kv0.queries, "kv_hits": kv1.hits - kv0.hits,
-        "kv_disk_hits": kv1.disk_hits - kv0.disk_hits,
-        "kv_evictions": kv1.evictions - kv0.evictions,
-        "preemptions": engine.counters.num_preemptions - pre0,
-    }
-
-
-def summarise(runs: list[dict], possible: list[int] | None = None) -> dict:
-    """Totals over one or more run_batch results (e.g. the turns of the multi-turn chat)."""
-    ttft = [t for r in runs for t in r["ttft_s"]]
-    prompt = sum(sum(r["prompt_tokens"]) for r in runs)
-    cached = sum(sum(r["cached_tokens"]) for r in runs)
-    s = {
-        "requests": len(ttft), "median_ttft_s": median(ttft),
-        "p90_ttft_s": common.percentile(ttft, 90), "max_ttft_s": max(ttft),
-        "first_ttft_s": runs[0]["ttft_s"][0],
-        "prompt_tokens": prompt, "cached_tokens": cached, "computed_tokens": prompt - cached,
-        "step_prefill_tokens": sum(r["step_prefill_tokens"] for r in runs),
-        "steps": sum(r["steps"] for r in runs),
-        "wall_s": sum(r["wall_s"] for r in runs),
-        "kv_queries": sum(r["kv_queries"] for r in runs),
-        "kv_hits": sum(r["kv_hits"] for r in runs),
-        "kv_hit_rate": (sum(r["kv_hits"] for r in runs) / sum(r["kv_queries"] for r in runs)
-                        if sum(r["kv_queries"] for r in runs) else None),
-        "preemptions": sum(r["preemptions"] for r in runs),
-    }
-    if possible is not None:
-        s["possible_tokens"] = sum(possible)
-        s["hit_of_possible"] = cached / sum(possible) if sum(possible) else None
-    return s
-
-
-class Bench:
-    def __init__(self, args):
-        self.args = args
-        log(f"loading {args.model or default_model_path()}")
-        self.ck = load_checkpoint(args.model or default_model_path())
-        self.tok = self.ck.tokenizer
-        self.warm_ids = self.tok.encode(
-            "Unrelated warm-up text: seven green kites drifted over a quiet parking lot.")
-
-    def config(self, cache: bool, disk_dir: str | None = None) -> EngineConfig:
-        a = self.args
-        return EngineConfig(enable_prefix_caching=cache, kv_cache_bytes=a.kv_mib << 20,
-                            max_num_batched_tokens=a.max_num_batched_tokens,
-                            max_num_seqs=a.max_num_seqs, disk_cache_dir=disk_dir)
-
-    def engine(self, cache: bool, disk_dir: str | None = None) -> LLMEngine:
-        gc.collect()
-        eng = LLMEngine(self.ck, self.config(cache, disk_dir))
-        run_batch(eng, [("warmup", self.warm_ids)], 2)  # shares no block with the workload
-        return eng
-
-    @staticmethod
-    def release(engine: LLMEngine) -> None:
-        if engine.disk_cache is not None:
-            engine.disk_cache.close()
-        del engine
-        gc.collect()
+from prefix_cache_runs import (  # noqa: E402
+    Bench,
+    Tracker,
+    common_prefix,
+    possible_hits,
+    run_batch,
+    summarise,
+)
+from prefix_cache_workloads import (  # noqa: E402
+    conversation_user_message,
+    make_document_ids,
+    make_questions,
+    shared_report_prompts,
+)
 
 
 # ---- scenarios --------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import uvloop
 from aiohttp import web
 
 from gateway.app import create_app
+from gateway.billing.key_reload import KeyReloader
 from gateway.config import load_config
-from gateway.http_protocol import GatewayRunner
-from gateway.key_reload import KeyReloader
+from gateway.http.connection import GatewayRunner
 from gateway.state import STATE
 from runtime.gc_tuning import tune_gc_for_serving
 

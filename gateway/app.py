@@ -6,25 +6,25 @@ import logging
 
 from aiohttp import web
 
-from gateway.accounting import Accounting
+from gateway.billing.fairshare import FairShare
+from gateway.billing.keys import KeyStore
+from gateway.billing.ledger import Ledger
+from gateway.billing.pricing import PriceBook
 from gateway.config import GatewayConfig
-from gateway.fairshare import FairShare
-from gateway.feed import FeedHub
-from gateway.otlp_metrics import push_loop
-from gateway.snapshot import SnapshotBuilder
-from gateway.telemetry import Telemetry
-from gateway.keys import KeyStore
-from gateway.ledger import Ledger
-from gateway.pricing import PriceBook
-from gateway.dispatch import Dispatcher
-from gateway.browser_guard import browser_guard
-from gateway.http_errors import error_middleware
-from gateway.metrics import GatewayMetrics
-from gateway.queue import RequestQueue
-from gateway.routes import add_routes
-from gateway.service import GenerationService
+from gateway.http.browser_guard import browser_guard
+from gateway.http.error_middleware import error_middleware
+from gateway.http.routes import add_routes
+from gateway.serving.accounting import Accounting
+from gateway.serving.dispatch import Dispatcher
+from gateway.serving.queue import RequestQueue
+from gateway.serving.service import GenerationService
 from gateway.state import STATE, GatewayState
-from gateway.worker_client import RayWorkerHandle, WorkerEvents, WorkerHandle, supervise
+from gateway.telemetry.feed import FeedHub
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.otlp_metrics import push_loop
+from gateway.telemetry.snapshot import SnapshotBuilder
+from gateway.telemetry.spans import Telemetry
+from gateway.workers.handle import RayWorkerHandle, WorkerEvents, WorkerHandle, supervise
 from runtime.protocol import Output, Ready, TransferDone
 from runtime.tokenizer import Tokenizer
 
@@ -145,7 +145,7 @@ def _ray_kv_store(app: web.Application) -> str:
     from runtime.ray_worker import KVStoreHost
     host = ray.remote(KVStoreHost).options(num_cpus=0).remote()
     app[KV_STORE] = host
-    return ray.get(host.get_address.remote(), timeout=120)
+    return str(ray.get(host.get_address.remote(), timeout=120))  # type: ignore[attr-defined]
 
 
 def _on_transfer(app: web.Application, done: TransferDone) -> None:

@@ -7,6 +7,7 @@ import ipaddress
 import os
 import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from runtime.engine_settings import EngineSettings
@@ -106,7 +107,7 @@ def is_loopback_host(host: str) -> bool:
         infos = socket.getaddrinfo(host, None)
     except OSError:
         return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
                                for i in infos)
 
 
@@ -205,7 +206,8 @@ def _add_flag(group, f: dataclasses.Field, help_text: str) -> None:
                            help=f"{help_text} (default: {f.default})")
 
 
-def load_config(argv: list[str] | None = None, environ: dict | None = None) -> GatewayConfig:
+def load_config(argv: list[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> GatewayConfig:
     args = build_parser().parse_args(argv)
     environ = os.environ if environ is None else environ
     values: dict = {}

@@ -7,16 +7,19 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.accounting import Accounting
+from gateway.billing.keys import KeyStore
 from gateway.config import GatewayConfig
-from gateway.keys import KeyStore
-from gateway.dispatch import Dispatcher
 from gateway.errors import APIError
-from gateway.inflight import InFlightTable
-from gateway.metrics import GatewayMetrics
-from gateway.queue import RequestQueue
-from gateway.service import GenerationService
-from gateway.worker_client import WorkerHandle
+from gateway.serving.accounting import Accounting
+from gateway.serving.dispatch import Dispatcher
+from gateway.serving.inflight import InFlightTable
+from gateway.serving.queue import RequestQueue
+from gateway.serving.service import GenerationService
+from gateway.telemetry.feed import FeedHub
+from gateway.telemetry.metrics import GatewayMetrics
+from gateway.telemetry.snapshot import SnapshotBuilder
+from gateway.telemetry.spans import Telemetry
+from gateway.workers.handle import WorkerHandle
 
 
 @dataclass
@@ -30,9 +33,9 @@ class GatewayState:
     metrics: GatewayMetrics | None = None
     keys: KeyStore | None = None  # None: single-tenant development mode
     accounting: Accounting | None = None
-    telemetry: object = None  # gateway.telemetry.Telemetry when enabled
-    feed: object = None  # gateway.feed.FeedHub
-    snapshots: object = None  # gateway.snapshot.SnapshotBuilder
+    telemetry: Telemetry | None = None  # when enabled
+    feed: FeedHub | None = None
+    snapshots: SnapshotBuilder | None = None
     model_name: str = "unknown"
     started_at: float = field(default_factory=time.time)
     stop: asyncio.Event = field(default_factory=asyncio.Event)

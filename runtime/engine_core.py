@@ -14,15 +14,18 @@ Invariants every implementation keeps:
 """
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from runtime.outputs import RequestOutput, StepStats
 from runtime.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    from runtime.tokenizer import Tokenizer
+
 
 @runtime_checkable
 class EngineCore(Protocol):
-    tokenizer: object  # runtime.tokenizer.Tokenizer: what the gateway detokenizes with
+    tokenizer: Tokenizer  # what the gateway detokenizes with
 
     def info(self) -> dict:
         """Plain facts for the worker's Ready frame (model, limits, block size, device)."""

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from console.state import ConsoleState
-from gateway.pricing import ZERO_COST
-from gateway.request_finished import RequestFinished
-from gateway.snapshot import SnapshotBuilder
+from gateway.billing.pricing import ZERO_COST
+from gateway.billing.request_finished import RequestFinished
+from gateway.telemetry.snapshot import SnapshotBuilder
 from loadtest.figures import _median
 from loadtest.stats import summarize
 from numeric.percentiles import percentile

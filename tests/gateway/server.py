@@ -23,7 +23,8 @@ class GatewayProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.log = open(os.devnull, "wb") if not os.environ.get("GATEWAY_TEST_LOG") else None
+        # the log file lives as long as the process it captures
+        self.log = open(os.devnull, "wb") if not os.environ.get("GATEWAY_TEST_LOG") else None  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--port", str(self.port), *flags],
             env=env, stdout=self.log, stderr=self.log, start_new_session=True)

@@ -53,7 +53,7 @@ def test_full_queue_answers_429_with_retry_after(gw):
     rejected = [r for r in results if r[0] == 429]
     served = [r for r in results if r[0] == 200]
     assert rejected and len(served) >= 4  # the queue holds 4; one more may be running
-    for status, headers, body, _ in rejected:
+    for _status, headers, body, _ in rejected:
         assert int(headers["Retry-After"]) >= 1
         assert json.loads(body)["error"]["type"] == "rate_limit_error"
     assert gw.metric("inferstack:gateway_queue_length") == 0

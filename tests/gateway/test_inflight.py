@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from gateway.inflight import IllegalTransition, InFlightRequest, InFlightTable, Phase
-from gateway.openai_api import GenerationRequest
+from gateway.openai.requests import GenerationRequest
+from gateway.serving.inflight import IllegalTransition, InFlightRequest, InFlightTable, Phase
 from runtime.sampling_params import SamplingParams
 
 

@@ -3,12 +3,12 @@ import datetime as dt
 
 import pytest
 
-from gateway.budget import BudgetBook, BudgetExceeded
-from gateway.economics import DEEPSEEK_PUBLISHED, deepseek_day
-from gateway.fairshare import FairShare
-from gateway.keys import KeyFileError, KeyStore, Tenant, hash_key
-from gateway.pricing import PriceBook, PriceBookError
-from gateway.ratelimit import RateLimiter
+from gateway.billing.budget import BudgetBook, BudgetExceeded
+from gateway.billing.economics import DEEPSEEK_PUBLISHED, deepseek_day
+from gateway.billing.fairshare import FairShare
+from gateway.billing.keys import KeyFileError, KeyStore, Tenant, hash_key
+from gateway.billing.pricing import PriceBook, PriceBookError
+from gateway.billing.ratelimit import RateLimiter
 
 
 class Clock:
@@ -30,7 +30,7 @@ def test_presets_and_cost_split():
 def test_time_of_day_windows_wrap_midnight():
     book = PriceBook.from_dict({"preset": "deepseek-v3", "windows": [
         {"start": "16:30", "end": "00:30", "multiplier": 0.5}]})
-    at = lambda h, m: dt.datetime(2026, 1, 1, h, m, tzinfo=dt.timezone.utc)  # noqa: E731
+    at = lambda h, m: dt.datetime(2026, 1, 1, h, m, tzinfo=dt.UTC)  # noqa: E731
     assert book.multiplier(at(12, 0)) == 1.0
     assert book.multiplier(at(16, 30)) == 0.5 and book.multiplier(at(0, 29)) == 0.5
     assert book.multiplier(at(0, 30)) == 1.0

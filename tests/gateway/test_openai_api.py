@@ -7,9 +7,18 @@ import sys
 import pytest
 
 from gateway.errors import APIError, error_body, from_runtime_error
-from gateway.openai_api import (ChoiceResult, LogprobToken, StreamChunker, chat_chunk,
-                                chat_response, completion_response, parse_chat_request,
-                                parse_completion_request, parse_request, usage_dict)
+from gateway.openai.requests import (
+    ChoiceResult,
+    LogprobToken,
+    StreamChunker,
+    chat_chunk,
+    chat_response,
+    completion_response,
+    parse_chat_request,
+    parse_completion_request,
+    parse_request,
+    usage_dict,
+)
 from runtime.errors import InvalidRequestError, PromptTooLongError
 from runtime.sampling_params import SamplingParams
 
@@ -329,6 +338,6 @@ def test_openai_sdk_parses_every_shape():
 
 def test_gateway_api_does_not_import_torch():
     # in a fresh interpreter: the test session itself has loaded torch through the fixtures
-    code = ("import sys, gateway.openai_api, gateway.sse, gateway.openapi; "
+    code = ("import sys, gateway.openai.requests, gateway.http.sse, gateway.http.openapi; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

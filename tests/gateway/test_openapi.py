@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import orjson
 
-from gateway.openai_api import MAX_N
-from gateway.openapi import build_openapi
+from gateway.http.openapi import build_openapi
+from gateway.openai.requests import MAX_N
 
 
 def _refs(node):

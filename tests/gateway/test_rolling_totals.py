@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.rolling_totals import MAX_LATENCY_SAMPLES, WINDOW_SECONDS, RollingTotals
+from gateway.telemetry.rolling_totals import MAX_LATENCY_SAMPLES, WINDOW_SECONDS, RollingTotals
 from numeric.percentiles import percentile
 
 

@@ -6,7 +6,7 @@ import asyncio
 import aiohttp
 from aiohttp import web
 
-from gateway.sse import DONE, KEEPALIVE, SSEStream, encode_event
+from gateway.http.sse import DONE, KEEPALIVE, SSEStream, encode_event
 
 
 def test_event_bytes_are_exact():

@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.feed import FeedHub
 from gateway.state import STATE
+from gateway.telemetry.feed import FeedHub
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"

@@ -19,8 +19,8 @@ import time
 import aiohttp
 import pytest
 
+from gateway.billing.pricing import PriceBook
 from tests.gateway.keyfile import write_key_file
-from gateway.pricing import PriceBook
 from tests.gateway.server import GatewayProcess
 
 SOAK = bool(os.environ.get("RELIABILITY_SOAK"))

@@ -39,7 +39,7 @@ async def one(session, url, rng: random.Random) -> dict:
     if where == "early":
         try:
             await asyncio.wait_for(run(), rng.uniform(0.0, 0.3))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     else:
         await asyncio.wait_for(run(), 60)

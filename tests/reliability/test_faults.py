@@ -250,7 +250,7 @@ def test_gateway_sigkill_loses_no_completed_request(tmp_gw):
                         if r.status == 200:
                             data = await r.json()
                             completed[data["id"]] = data["usage"]
-            except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError):
+            except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError):
                 await asyncio.sleep(0.01)
                 if gw.proc.poll() is not None:
                     return

@@ -10,13 +10,13 @@ import sys
 import orjson
 import pytest
 
-from gateway.browser_guard import host_of, is_loopback_name, is_loopback_origin
 from gateway.config import GatewayConfig, is_loopback_host, refuse_open_keyless
-from gateway.dispatch import DispatchFailed, Dispatcher
-from gateway.inflight import InFlightRequest, InFlightTable, Phase
-from gateway.openai_api import GenerationRequest
-from gateway.queue import QueueEntry, RequestQueue
-from gateway.worker_client import WorkerHandle
+from gateway.http.browser_guard import host_of, is_loopback_name, is_loopback_origin
+from gateway.openai.requests import GenerationRequest
+from gateway.serving.dispatch import Dispatcher, DispatchFailed
+from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
+from gateway.serving.queue import QueueEntry, RequestQueue
+from gateway.workers.handle import WorkerHandle
 from runtime.protocol import Ready, encode_frame, read_frame_blocking
 from runtime.sampling_params import MAX_SEED, MIN_SEED, SamplingParams, choice_seed
 

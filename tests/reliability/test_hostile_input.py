@@ -175,7 +175,7 @@ def _raw_http(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 ])
 def test_header_flood_is_refused_with_an_openai_error(gw, name, headers, status, code):
     """The HTTP parser refuses these before any handler runs; the connection layer
-    (gateway/http_protocol.py) still answers with the OpenAI error body and the status that
+    (gateway/http/connection.py) still answers with the OpenAI error body and the status that
     names the problem."""
     if headers is None:
         request = b"GET /health?" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -204,7 +204,7 @@ def test_slow_loris_clients_cost_nothing_and_block_nobody(gw):
             w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
             conns.append((r, w))
         cpu = gw.cpu_seconds()
-        for i in range(10):  # one header byte per connection every 0.1 s
+        for _ in range(10):  # one header byte per connection every 0.1 s
             for _, w in conns:
                 w.write(b"X")
                 await w.drain()

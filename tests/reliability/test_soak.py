@@ -62,7 +62,7 @@ async def user(s, url, rng, stop, records):
                                 break  # the client walks away: not an error
                     else:
                         await r.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             ok = False
             records.append({"kind": kind, "ok": False, "error": repr(exc), "t": t0})
             continue

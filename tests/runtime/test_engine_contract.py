@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from gateway.output_stream import OutputStream
-from gateway.worker_client import WorkerHandle
+from gateway.workers.handle import WorkerHandle
+from gateway.workers.output_stream import OutputStream
 from runtime.engine_core import EngineCore
 from runtime.errors import RuntimeErrorBase
 from runtime.protocol import AddRequest, Rejected

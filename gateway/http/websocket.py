@@ -1,0 +1,181 @@
+"""GET /v1/ws: many requests over one WebSocket, each with a client-chosen id.
+
+client -> server
+  {"type": "request", "id": "a1", "endpoint": "chat" | "completions", "body": {...}}
+  {"type": "cancel", "id": "a1"}
+server -> client
+  {"type": "queued", "id", "position"}     while it waits (sent when the position changes)
+  {"type": "chunk", "id", "data": <the same chunk as the SSE stream>}
+  {"type": "done", "id", "usage": {...}}
+  {"type": "error", "id", "error": {"message", "type", "param", "code"}}
+Bodies are the HTTP API's; "stream" is implied. Closing the socket cancels all its requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import orjson
+from aiohttp import WSMsgType, web
+
+from gateway.errors import APIError, bad_request
+from gateway.http.auth import authenticate
+from gateway.http.completions import InterTokenClock, chunker_for, usage_of
+from gateway.http.hard_close import hard_close
+from gateway.http.pending_writes import PendingWrites
+from gateway.openai.requests import parse_request
+from gateway.serving.accounting import wait_committed
+from gateway.serving.admission import admit
+from gateway.state import STATE
+
+log = logging.getLogger(__name__)
+MAX_REQUESTS_PER_SOCKET = 128
+POSITION_INTERVAL = 0.25
+
+
+class Connection:
+    def __init__(self, ws: web.WebSocketResponse, state, key, transport=None):
+        self.ws = ws
+        self.state = state
+        self.key = key  # authenticated once, at the upgrade
+        self.transport = transport
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.pending = PendingWrites()
+
+    async def send(self, message: dict) -> None:
+        if self.ws.closed:
+            return
+        try:
+            with self.pending:
+                await self.ws.send_bytes(orjson.dumps(message))
+        except ConnectionError:
+            pass
+
+    async def watch_stalls(self, timeout: float) -> None:
+        """Drop the socket when a write has waited `timeout` seconds on a peer that reads
+        nothing: closing it ends every request on it, each billed for what it produced."""
+        while not self.ws.closed:
+            since = self.pending.since
+            await asyncio.sleep(timeout / 4 if since is None else
+                                max(0.0, since + timeout - time.monotonic()))
+            since = self.pending.since
+            if since is not None and time.monotonic() - since >= timeout:
+                log.warning("a WebSocket peer read nothing for %.0f s; dropping it", timeout)
+                self.abort()
+                return
+
+    def abort(self) -> None:
+        """Close the TCP connection now, unsent frames included (a plain close would wait
+        for a peer that never reads to take them)."""
+        hard_close(self.transport)
+
+    async def error(self, rid, exc: APIError) -> None:
+        await self.send({"type": "error", "id": rid, "error": exc.body()["error"]})
+
+    async def handle(self, raw: bytes | str) -> None:
+        try:
+            message = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return await self.error(None, bad_request("the message is not valid JSON"))
+        if not isinstance(message, dict):
+            return await self.error(None, bad_request("a message must be a JSON object"))
+        rid, kind = message.get("id"), message.get("type")
+        if not isinstance(rid, str) or not rid or len(rid) > 256:
+            return await self.error(None, bad_request("id must be a string of 1 to 256 "
+                                                      "characters", param="id"))
+        if kind == "cancel":
+            task = self.tasks.get(rid)
+            if task is not None:
+                task.cancel()
+            return None
+        if kind != "request":
+            return await self.error(rid, bad_request(f"unknown message type {kind!r}",
+                                                     param="type"))
+        if rid in self.tasks:
+            return await self.error(rid, bad_request(f"id {rid!r} is already in flight",
+                                                     param="id"))
+        if len(self.tasks) >= MAX_REQUESTS_PER_SOCKET:
+            return await self.error(rid, bad_request("too many requests in flight on this "
+                                                     "socket"))
+        self.tasks[rid] = asyncio.create_task(self.run(rid, message))
+        return None
+
+    async def run(self, rid: str, message: dict) -> None:
+        self.state.request_started()  # a drain waits for this request
+        try:
+            await self._run(rid, message)
+        except APIError as exc:
+            await self.error(rid, exc)
+        except asyncio.CancelledError:
+            await self.send({"type": "error", "id": rid, "error": {
+                "message": "cancelled", "type": "cancelled", "param": None, "code": None}})
+        finally:
+            self.tasks.pop(rid, None)
+            self.state.request_ended()
+
+    async def _run(self, rid: str, message: dict) -> None:
+        endpoint = message.get("endpoint", "chat")
+        if endpoint not in ("chat", "completions"):
+            raise bad_request("endpoint must be 'chat' or 'completions'", param="endpoint")
+        body = message.get("body")
+        if isinstance(body, dict):
+            body = {**body, "stream": True}
+        req = parse_request("chat" if endpoint == "chat" else "completion", body)
+        service = self.state.require_service()  # 503 until a worker is ready
+        gen = await admit(self.state, self.key, req, body)
+        watcher = asyncio.create_task(self._report_position(rid, gen))
+        chunker = chunker_for(self.state, gen, include_usage=False)
+        itl = InterTokenClock(self.state)
+        try:
+            async for delta in service.stream(gen):
+                watcher.cancel()
+                for chunk in chunker.chunks(delta):
+                    await self.send({"type": "chunk", "id": rid, "data": chunk})
+                itl.tick(len(delta.token_ids))
+        finally:
+            watcher.cancel()
+        await wait_committed(gen)  # the bill is durable before the client sees "done"
+        await self.send({"type": "done", "id": rid, "usage": usage_of(gen)})
+
+    async def _report_position(self, rid: str, gen) -> None:
+        last = None
+        queue = self.state.queue
+        while gen.entry is not None and gen.entry.queued:
+            position = queue.position(gen.entry)
+            if position is not None and position != last:
+                await self.send({"type": "queued", "id": rid, "position": position})
+                last = position
+            await asyncio.sleep(POSITION_INTERVAL)
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+
+
+async def websocket_handler(request: web.Request) -> web.WebSocketResponse:
+    state = request.app[STATE]
+    key = authenticate(request, state.keys)  # 401 before the upgrade
+    timeout = state.config.send_timeout_seconds
+    # a ping unanswered for half the heartbeat marks the peer dead (aiohttp closes it)
+    ws = web.WebSocketResponse(max_msg_size=state.config.max_body_bytes,
+                               heartbeat=timeout or 30.0)
+    await ws.prepare(request)
+    conn = Connection(ws, state, key, request.transport)
+    watcher = asyncio.create_task(conn.watch_stalls(timeout)) if timeout else None
+    state.open_responses.add(ws)
+    try:
+        async for msg in ws:
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await conn.handle(msg.data)
+            elif msg.type == WSMsgType.ERROR:
+                break
+    finally:
+        state.open_responses.discard(ws)
+        if watcher is not None:
+            watcher.cancel()
+        if isinstance(ws.exception(), asyncio.TimeoutError):  # no pong: a dead peer, whose
+            conn.abort()  # unread buffer a plain close would wait on
+        await conn.close()
+    return ws

@@ -1,0 +1,1 @@
+"""OpenAI's request and response shapes: parsing and validation, response and chunk objects."""

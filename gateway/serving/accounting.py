@@ -1,0 +1,189 @@
+"""Tenants and money on the request's path: admit (rate limit, budget reservation, fair-share
+start), then meter every worker output, and settle once when the request ends.
+
+Settlement happens exactly once per request whatever ends it: every choice finished (billed
+for what it produced, an abort included), dropped from the queue before any worker saw it
+(not billed), or lost with a crashed worker or refused by it (not billed: our fault). It
+returns the reservation, refunds unused rate-limit tokens, corrects the fair-share clock and
+writes the ledger row. The row's commit is a future on the request's record (`committed`): an
+answer's final usage waits for it, so a client never holds a bill the ledger could lose.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.billing.budget import BudgetBook, BudgetExceeded, Reservation
+from gateway.billing.fairshare import FairShare
+from gateway.billing.keys import ApiKey
+from gateway.billing.ledger import Ledger, LedgerRow
+from gateway.billing.pricing import ZERO_COST, Cost, PriceBook
+from gateway.billing.ratelimit import RateLimiter
+from gateway.billing.request_finished import RequestFinished
+from gateway.errors import APIError, payment_required, rate_limited
+from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
+from runtime.outputs import wall_clock
+from runtime.protocol import Output
+
+
+@dataclass
+class Charge:
+    key: ApiKey
+    reservation: Reservation
+    tokens_charged: int  # against the tokens-per-minute bucket
+    multiplier: float  # time-of-day price multiplier at admission
+    virtual_start: float
+    subs_left: int
+    cost: Cost = ZERO_COST
+    statuses: set = field(default_factory=set)
+    settled: bool = False
+
+
+class Accounting:
+    def __init__(self, table: InFlightTable, prices: PriceBook, ledger: Ledger | None = None,
+                 fair: FairShare | None = None, model: str = "model"):
+        self.table = table  # the requests in flight, by engine request id
+        self.prices = prices
+        self.ledger = ledger
+        self.budgets = BudgetBook(ledger.spent_since if ledger else None)
+        self.limiter = RateLimiter()
+        self.fair = fair or FairShare()
+        self.model = model
+        self.revenue = ZERO_COST  # since start, for metrics
+        # callbacks: metrics, traces, the live feed
+        self._subscribers: list[Callable[[RequestFinished], None]] = []
+
+    # ---- admission ----------------------------------------------------------------------
+    def admit_request(self, key: ApiKey) -> None:
+        """Count the request against the tenant's requests per minute before any work is done
+        for it (tokenizing, the chat template), or raise 429: refusals cost the sender too."""
+        _raise_if_waiting(key.tenant, self.limiter.take_request(key.tenant))
+
+    def admit(self, gen, key: ApiKey) -> None:
+        """Charge the token rate limit and reserve the largest possible cost, or raise 429 /
+        402. Follows `admit_request`."""
+        tenant = key.tenant
+        max_output = gen.params["max_tokens"] * gen.n
+        tokens = len(gen.prompt) + max_output
+        _raise_if_waiting(tenant, self.limiter.take_tokens(tenant, tokens))
+        multiplier = self.prices.multiplier()
+        worst = self.prices.cost(0, len(gen.prompt), max_output, multiplier).total
+        try:
+            reservation = self.budgets.reserve(tenant, worst)
+        except BudgetExceeded as exc:
+            self.limiter.refund(tenant, tokens)
+            raise payment_required(str(exc)) from None
+        start = self.fair.start(tenant.name, tenant.weight, tokens)
+        gen.charge = Charge(key, reservation, tokens, multiplier, start, gen.n)
+
+    def subscribe(self, callback) -> None:
+        """Call `callback(RequestFinished)` for every request that settles from now on."""
+        self._subscribers.append(callback)
+
+    # ---- metering -----------------------------------------------------------------------
+    def on_output(self, out: Output) -> None:
+        """Called for every worker output before the client's stream sees it: the request's
+        first token and its end are noted here, at arrival, whoever reads the stream."""
+        gen = self.table.get(out["id"])
+        if gen is None or gen.charge is None:
+            return
+        if gen.first_token_at is None and out["tokens"]:
+            gen.first_token_at = time.monotonic()
+            self.table.move(gen, Phase.STREAMING)
+        if not out["finished"]:
+            return
+        charge = gen.charge
+        if out.get("reason"):
+            gen.finish_reasons[gen.choice_of(out["id"])] = out["reason"]
+        if out.get("timing") and gen.worker_timing is None:
+            gen.worker_timing = out["timing"]
+        usage = out.get("usage")
+        if usage is not None:
+            prompt, cached, completion = usage
+            first = gen.prompt_tokens == 0  # input is billed once for n choices
+            if first:
+                gen.prompt_tokens, gen.cached_tokens = prompt, cached
+            gen.completion_tokens += completion
+            charge.cost += self.prices.cost(cached if first else 0,
+                                            prompt - cached if first else 0, completion,
+                                            charge.multiplier)
+        charge.statuses.add(_status(out.get("reason")))
+        charge.subs_left -= 1
+        if charge.subs_left <= 0:
+            self.settle(gen)
+
+    def drop(self, gen, status: str) -> None:
+        """The request ended before any worker output: nothing produced, nothing billed."""
+        if gen.charge is None:
+            return
+        gen.charge.statuses.add(status)
+        self.settle(gen)
+
+    def settle(self, gen) -> None:
+        charge = gen.charge
+        if charge.settled:
+            return
+        charge.settled = True
+        gen.settled_at = time.monotonic()
+        self.table.move(gen, Phase.SETTLING)
+        tenant = charge.key.tenant
+        self.budgets.settle(charge.reservation, charge.cost.total)
+        used = gen.prompt_tokens + gen.completion_tokens
+        self.limiter.refund(tenant, max(0, charge.tokens_charged - used))
+        self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
+        self.revenue += charge.cost
+        event = self._finished(gen)
+        for callback in self._subscribers:
+            callback(event)
+        if self.ledger is None:
+            self.table.move(gen, Phase.DONE)
+            return
+        gen.committed = self.ledger.record(ledger_row(event))
+        gen.committed.add_done_callback(lambda _: self.table.move(gen, Phase.DONE))
+
+    def _finished(self, gen: InFlightRequest) -> RequestFinished:
+        c, worker = gen.charge, gen.worker
+        status = next((s for s in ("error", "rejected", "cancelled") if s in c.statuses), "ok")
+        return RequestFinished(
+            gen.request_id, c.key.tenant.name, c.key.name, self.model, gen.priority, status,
+            gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens, c.cost,
+            c.multiplier, tuple(r for _, r in sorted(gen.finish_reasons.items())),
+            gen.enqueued_at or gen.settled_at, gen.dispatched_at, gen.first_token_at,
+            gen.settled_at, worker.index if worker is not None else None,
+            worker.info.device if worker is not None and worker.info else None,
+            gen.trace_headers, gen.worker_timing)
+
+
+def ledger_row(event: RequestFinished) -> LedgerRow:
+    cost = event.cost
+    return LedgerRow(
+        event.request_id, event.tenant, event.key_name, event.model,
+        wall_clock(event.enqueued_at), wall_clock(event.settled_at), event.priority,
+        event.cached_tokens, event.miss_tokens, event.completion_tokens,
+        cost.cache_hit_input, cost.cache_miss_input, cost.output, cost.total,
+        event.price_multiplier, event.queue_seconds, event.ttft_seconds, event.e2e_seconds,
+        event.reasons_text, event.status)
+
+
+async def wait_committed(gen, timeout: float = 30.0) -> None:
+    """Wait until the request's ledger row is committed (raises if it could not be)."""
+    future = getattr(gen, "committed", None)
+    if future is None:
+        return
+    try:
+        await asyncio.wait_for(asyncio.shield(future), timeout)
+    except Exception as exc:  # noqa: BLE001 - a lost row must not look like a finished bill
+        raise APIError(500, "the request finished but its usage could not be recorded; "
+                       "it is not billed", "server_error", code="ledger_unavailable") from exc
+
+
+def _raise_if_waiting(tenant, wait: float) -> None:
+    if wait > 0:
+        raise rate_limited(f"tenant {tenant.name!r} is over its rate limit",
+                           retry_after_s=wait if wait != float("inf") else 60)
+
+
+def _status(reason: str | None) -> str:
+    return {"abort": "cancelled", "error": "error", "rejected": "rejected"}.get(reason, "ok")

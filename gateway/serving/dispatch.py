@@ -1,0 +1,221 @@
+"""Dispatch: hand queued jobs to workers that have room, keeping prefix affinity.
+
+A worker has room for a job while it has free request slots and KV blocks for the prompt.
+Among workers with room, the job goes to the one its prefix hashes to (rendezvous hashing of
+the salt and the prompt's first block, so repeated prefixes meet their cached KV), unless
+that worker is busier than the least loaded by more than `affinity_margin`. When no worker has
+room, a job more urgent than the least urgent request on some worker is sent there anyway:
+the worker's scheduler preempts that request, which resumes later with its output unchanged.
+
+With prefill/decode disaggregation (`decode_workers` given), dispatch has two stages: a job
+goes to a prefill worker (prefix affinity among those with the least prompt tokens in
+flight), which computes the prompt's KV and streams the first token; then `handoff` moves
+each request to the decode worker with the least KV in use and fewest running requests,
+telling both at once to move the KV blocks (runtime/disagg.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import time
+
+from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
+from gateway.serving.queue import QueueEntry, QueueFull, RequestQueue
+from gateway.workers.handle import WorkerDied, WorkerHandle
+from runtime.protocol import AbortRequest, ExportKV, ImportKV, Output
+
+log = logging.getLogger(__name__)
+LOOP_TICK_SECONDS = 0.05
+Job = InFlightRequest  # what the dispatcher places: a request's choices, on one worker
+
+
+class DispatchFailed(Exception):
+    """Submitting one job failed for a reason of its own (a frame that cannot be encoded, a
+    bug): that job fails with a 500; the dispatcher and every other job go on."""
+
+
+def rendezvous_score(key: bytes, worker_index: int) -> bytes:
+    return hashlib.blake2b(key + worker_index.to_bytes(4, "little"), digest_size=8).digest()
+
+
+class Dispatcher:
+    def __init__(self, workers: list[WorkerHandle], queue: RequestQueue, table: InFlightTable,
+                 affinity_margin: float = 0.25,
+                 decode_workers: list[WorkerHandle] | None = None):
+        self.workers = workers  # with disaggregation: the prefill workers
+        self.queue = queue
+        self.table = table
+        self.affinity_margin = affinity_margin
+        self._wake = asyncio.Event()
+        self.decode_workers = decode_workers or []
+        self.pending_handoffs: list[tuple[WorkerHandle, Output]] = []
+        self._tags = itertools.count(1)
+        self.last_tick = time.monotonic()  # the loop's heartbeat, for liveness checks
+        self.loop_errors = 0  # exceptions the loop caught and survived
+
+    @property
+    def disaggregated(self) -> bool:
+        return bool(self.decode_workers)
+
+    # ---- admission ----------------------------------------------------------------------
+    def enqueue(self, job: Job, virtual_start: float | None = None) -> None:
+        """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
+        job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start)
+        displaced = self.queue.push(job.entry)
+        if displaced is not None and not displaced.payload.assigned.done():
+            # a more urgent job took its place: it is refused as if the queue had been full
+            displaced.payload.assigned.set_exception(QueueFull(self.queue.retry_after()))
+        self.dispatch_ready()  # at once when a worker has room: no wait for the loop's turn
+
+    def cancel(self, job: Job) -> bool:
+        """The client left: drop the job from the queue (True), or abort it on its worker
+        (False: the worker's final outputs still arrive and are billed)."""
+        if job.entry is not None and self.queue.remove(job.entry):
+            if not job.assigned.done():
+                job.assigned.cancel()
+            return True
+        if self.disaggregated:
+            for sub_id in job.sub_ids:  # wherever it is now: prefill or decode side
+                for w in self.workers + self.decode_workers:
+                    w.abort(sub_id)
+            return False
+        if job.worker is not None:
+            for sub_id in job.sub_ids:
+                job.worker.abort(sub_id)
+        return False
+
+    def notify(self) -> None:
+        self._wake.set()
+
+    # ---- the loop -----------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Dispatch whenever woken, and every tick. Nothing one job does can end this loop:
+        `dispatch_ready` fails a bad job on its own; anything else is logged and survived."""
+        while not stop.is_set():
+            self.last_tick = time.monotonic()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=LOOP_TICK_SECONDS)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                self.dispatch_ready()
+            except Exception:  # noqa: BLE001 - a dead dispatcher strands every queued job
+                self.loop_errors += 1
+                log.exception("dispatch round failed; the dispatcher goes on")
+
+    def is_alive(self, stale_seconds: float = 2.0) -> bool:
+        """The loop has ticked recently (it ticks every LOOP_TICK_SECONDS)."""
+        return time.monotonic() - self.last_tick < stale_seconds
+
+    def dispatch_ready(self) -> int:
+        """Assign as many queued jobs, in order, as the workers can take now."""
+        assigned = 0
+        if self.pending_handoffs:
+            pending, self.pending_handoffs = self.pending_handoffs, []
+            for prefill, out in pending:
+                self.handoff(prefill, out)
+        while (entry := self.queue.peek()) is not None:
+            job: Job = entry.payload
+            try:
+                worker = self.choose(job) or self.choose_by_preemption(job)
+            except Exception as exc:  # noqa: BLE001 - this job's own fault, not the queue's
+                self.queue.pop()
+                self._fail(job, exc)
+                continue
+            if worker is None:
+                break
+            self.queue.pop()
+            self._submit(job, worker)
+            assigned += 1
+        return assigned
+
+    def _submit(self, job: Job, worker: WorkerHandle) -> None:
+        """Send every sub-request of the job, or none: the worker encodes all frames before it
+        counts anything as in flight. Never raises; a failure fails this job alone."""
+        try:
+            worker.submit(job.add_messages(self.disaggregated), job.stream, job.priority,
+                          len(job.prompt))
+        except Exception as exc:  # noqa: BLE001 - see _fail
+            self._fail(job, exc)
+            return
+        job.worker, job.dispatched_at = worker, time.monotonic()
+        self.table.move(job, Phase.DISPATCHED)
+        if not job.assigned.done():
+            job.assigned.set_result(worker)
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        """The job's waiter gets the error (the service then settles its bill as an error)."""
+        if isinstance(exc, (WorkerDied, ConnectionError)):
+            error: Exception = WorkerDied(str(exc))
+        else:
+            log.exception("request %s could not be dispatched", job.request_id, exc_info=exc)
+            error = DispatchFailed(f"the request could not be sent to a worker: "
+                                   f"{type(exc).__name__}")
+        if not job.assigned.done():
+            job.assigned.set_exception(error)
+
+    # ---- placement ----------------------------------------------------------------------
+    def load_of(self, worker: WorkerHandle) -> float:
+        return worker.prefill_load if self.disaggregated else worker.load
+
+    def has_room(self, worker: WorkerHandle, job: Job) -> bool:
+        return (worker.alive and worker.free_slots >= job.n
+                and worker.free_blocks >= worker.blocks_for(len(job.prompt)))
+
+    def choose(self, job: Job) -> WorkerHandle | None:
+        candidates = [w for w in self.workers if self.has_room(w, job)]
+        if not candidates:
+            return None
+        key = job.affinity_key()
+        preferred = max(candidates, key=lambda w: rendezvous_score(key, w.index))
+        least = min(candidates, key=lambda w: (self.load_of(w), w.index))
+        if self.load_of(preferred) <= self.load_of(least) + self.affinity_margin:
+            return preferred
+        return least
+
+    # ---- disaggregation: the second stage -------------------------------------------------
+    def choose_decode(self, num_tokens: int) -> WorkerHandle | None:
+        candidates = [w for w in self.decode_workers if w.alive and w.free_slots >= 1
+                      and w.free_blocks >= w.blocks_for(num_tokens)]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda w: (w.kv_usage, w.num_inflight, w.index))
+
+    def handoff(self, prefill: WorkerHandle, out: Output) -> None:
+        """A prefill worker has a request's prompt KV and first token: move the request to a
+        decode worker (or wait for one with room; the prefill worker holds the blocks)."""
+        sub_id = out["id"]
+        job = self.table.get(sub_id)
+        placed = prefill.inflight.get(sub_id)
+        if job is None or placed is None or not prefill.alive:
+            return  # cancelled or lost meanwhile; the prefill side has freed it
+        decode = self.choose_decode(len(job.prompt) + 1)
+        if decode is None:  # all full, or restarting: retried on every dispatch round
+            self.pending_handoffs.append((prefill, out))
+            return
+        params = job.sub_params(job.choice_of(sub_id))
+        usage = out.get("usage") or [len(job.prompt), 0, 0]
+        key, tag = f"{prefill.pid}-{decode.pid}", next(self._tags) % (1 << 19)
+        prefill.release(sub_id)
+        decode.adopt(sub_id, placed.stream, job.priority, len(job.prompt))
+        try:
+            decode.send_message(ImportKV(sub_id, job.prompt, out["tokens"], params, key, tag,
+                                         job.priority, job.salt, usage[1], out["prefilled"]))
+            prefill.send_message(ExportKV(sub_id, key, tag))
+        except (WorkerDied, ConnectionError) as exc:
+            decode.release(sub_id)
+            placed.stream.put_nowait(WorkerDied(str(exc), sub_id))
+            if prefill.alive:
+                prefill.send_message(AbortRequest(sub_id))
+
+    def choose_by_preemption(self, job: Job) -> WorkerHandle | None:
+        """A worker running something strictly less urgent than this job, if any."""
+        best, best_priority = None, job.priority
+        for w in self.workers:
+            p = w.least_urgent_priority() if w.alive else None
+            if p is not None and p > best_priority:
+                best, best_priority = w, p
+        return best

@@ -1,0 +1,1 @@
+"""Metrics, request spans, OTLP export, the live feed and its snapshots."""

@@ -1,0 +1,411 @@
+"""The gateway's side of one runtime worker process: spawn, talk frames, notice death, restart.
+
+Each in-flight request owns an OutputStream (gateway/workers/output_stream.py) that receives
+its `Output` dicts (see runtime/protocol.py), a `Rejected` frame, or a WorkerDied exception. A
+worker whose pipe closes is dead at once: every in-flight request gets WorkerDied, and a
+supervisor starts a fresh process with backoff while the gateway keeps serving from the others.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from gateway.workers.output_stream import OutputStream
+from runtime.protocol import (
+    AbortRequest,
+    AddRequest,
+    Frame,
+    IdleStats,
+    ImportFailed,
+    Output,
+    Ready,
+    Rejected,
+    Shutdown,
+    Step,
+    TransferDone,
+    encode_frame,
+    read_frame,
+)
+
+log = logging.getLogger(__name__)
+
+
+class WorkerDied(Exception):
+    """The worker process ended while the request was in flight."""
+
+    def __init__(self, message: str, request_id: str | None = None):
+        super().__init__(message)
+        self.request_id = request_id
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """An engine request this worker has: where its outputs go, and what dispatch weighs."""
+
+    stream: OutputStream
+    priority: int
+    num_prompt_tokens: int
+
+
+class WorkerEvents:
+    """What a worker handle tells the gateway; the gateway passes its own at construction."""
+
+    def ready(self, worker: WorkerHandle) -> None:
+        """A (re)started worker is ready."""
+
+    def output(self, worker: WorkerHandle, out: Output) -> None:
+        """Every output, before its request's stream sees it (metering)."""
+
+    def prefilled(self, worker: WorkerHandle, out: Output) -> None:
+        """Disaggregation: a request's prompt KV is ready to move."""
+
+    def transferred(self, worker: WorkerHandle, done: TransferDone) -> None:
+        """Disaggregation: a KV import finished."""
+
+
+class WorkerHandle:
+    def __init__(self, index: int, argv: list[str], env: dict | None = None,
+                 ready_timeout: float = 300.0, events: WorkerEvents | None = None):
+        self.index = index
+        self.events = events or WorkerEvents()
+        self.argv = argv
+        self.env = env
+        self.ready_timeout = ready_timeout
+        self.proc: asyncio.subprocess.Process | None = None
+        self.info: Ready | None = None  # the worker's facts, once it said ready
+        self.stats: dict = {}
+        self.inflight: dict[str, Placement] = {}  # engine request id -> its placement
+        self.pending_blocks = 0  # prompt blocks dispatched but not yet seen in stats
+        self.ready = asyncio.Event()
+        self.restarts = 0
+        self.started_at = 0.0
+        self._reader: asyncio.Task | None = None
+        self._closing = False
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        self.ready.clear()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "runtime.worker", *self.argv,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, **(self.env or {})}, limit=64 << 20)
+        try:
+            message = await asyncio.wait_for(read_frame(self.proc.stdout), self.ready_timeout)
+        except BaseException:
+            self.proc.kill()
+            await self.proc.wait()
+            raise
+        if not isinstance(message, Ready):
+            await self.proc.wait()
+            raise RuntimeError(f"worker {self.index} did not start (exit {self.proc.returncode})")
+        self._mark_ready(message, self._read_loop())
+
+    def _mark_ready(self, message: Ready, reader, name: str = "reader") -> None:
+        """The worker said ready: keep its facts, start reading its outputs, tell the app."""
+        self.info = message
+        self.started_at = time.monotonic()
+        self._reader = asyncio.create_task(reader, name=f"worker-{self.index}-{name}")
+        self.ready.set()
+        self.events.ready(self)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        self._closing = True
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        try:
+            self._send(Shutdown())
+            await asyncio.wait_for(self.proc.wait(), timeout)
+        except (TimeoutError, ConnectionError):
+            self.proc.kill()
+            await self.proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    def kill(self) -> None:
+        """Stop at once, with no restart (the supervisor skips a closing worker)."""
+        self._closing = True
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+
+    @property
+    def alive(self) -> bool:
+        return self.ready.is_set() and self.proc is not None and self.proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    # ---- requests -----------------------------------------------------------------------
+    def submit(self, messages: list[AddRequest], stream: OutputStream, priority: int,
+               num_prompt_tokens: int) -> None:
+        """Send the "add" frames of one job's sub-requests, all or none; their outputs arrive
+        on `stream`. Every frame is encoded first (raising ProtocolError or TypeError for one
+        that cannot be), so a refused job leaves nothing counted as in flight here."""
+        if not self.alive:
+            raise WorkerDied(f"worker {self.index} is not running")
+        payloads = [self._encode(m) for m in messages]
+        for m in messages:
+            self.adopt(m.id, stream, priority, num_prompt_tokens)
+        try:
+            for payload in payloads:
+                self._write(payload)
+        except (ConnectionError, RuntimeError) as exc:  # the pipe broke under us
+            for m in messages:
+                self.release(m.id)
+            raise WorkerDied(f"worker {self.index}: {exc}") from exc
+
+    def adopt(self, request_id: str, stream: OutputStream, priority: int,
+              num_prompt_tokens: int) -> None:
+        """Count a request as in flight here (its frame is sent by the caller)."""
+        self.inflight[request_id] = Placement(stream, priority, num_prompt_tokens)
+        self.pending_blocks += self.blocks_for(num_prompt_tokens)
+
+    def send_message(self, message: Frame) -> None:
+        if not self.alive:
+            raise WorkerDied(f"worker {self.index} is not running")
+        self._send(message)
+
+    def abort(self, request_id: str) -> None:
+        """Ask the worker to drop a request; its final output still arrives (and is billed)."""
+        if request_id in self.inflight and self.alive:
+            self._send(AbortRequest(request_id))
+
+    def _abort_stream(self, stream) -> None:
+        """A client left too much output unread: abort every request feeding its stream."""
+        for request_id in [r for r, p in self.inflight.items() if p.stream is stream]:
+            log.warning("request %s: its client is not reading; aborting it", request_id)
+            self.abort(request_id)
+
+    def release(self, request_id: str) -> None:
+        self.inflight.pop(request_id, None)
+
+    # ---- load ---------------------------------------------------------------------------
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @property
+    def block_size(self) -> int:
+        return self.info.block_size if self.info is not None else 16
+
+    @property
+    def max_num_seqs(self) -> int:
+        return self.info.max_num_seqs if self.info is not None else 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.info.num_blocks if self.info is not None else 0
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.inflight)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_num_seqs - len(self.inflight)
+
+    @property
+    def free_blocks(self) -> int:
+        total = self.stats.get("kv_blocks_total", self.num_blocks)
+        return total - self.stats.get("kv_blocks_used", 0) - self.pending_blocks
+
+    @property
+    def load(self) -> float:
+        """Fraction of the worker's request slots in use (0 idle, 1 full)."""
+        return len(self.inflight) / max(1, self.max_num_seqs)
+
+    @property
+    def prefill_load(self) -> float:
+        """Prompt tokens in flight as a fraction of the KV capacity (prefill workers)."""
+        capacity = self.num_blocks * self.block_size
+        return sum(p.num_prompt_tokens for p in self.inflight.values()) / max(1, capacity)
+
+    @property
+    def kv_usage(self) -> float:
+        total = self.stats.get("kv_blocks_total", self.num_blocks)
+        return 1.0 - self.free_blocks / max(1, total)
+
+    def least_urgent_priority(self) -> int | None:
+        return max((p.priority for p in self.inflight.values()), default=None)
+
+    # ---- frames -------------------------------------------------------------------------
+    def _send(self, message: Frame) -> None:
+        self._write(self._encode(message))
+
+    def _encode(self, message: Frame):
+        return encode_frame(message)
+
+    def _write(self, payload) -> None:
+        self.proc.stdin.write(payload)
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                message = await read_frame(self.proc.stdout)
+                if message is None:
+                    break
+                self._handle(message)
+        except Exception:  # noqa: BLE001 - a garbled pipe is as good as a dead worker
+            log.exception("worker %d sent a bad frame", self.index)
+            self.proc.kill()
+        await self.proc.wait()
+        self._on_death()
+
+    def _handle(self, frame: Frame) -> None:
+        match frame:
+            case Step(outputs=outputs, stats=stats):
+                if stats:
+                    self.stats = stats
+                    self.pending_blocks = 0
+                for out in outputs:
+                    self._deliver(out)
+            case IdleStats(stats=stats):
+                self.stats = stats
+                self.pending_blocks = 0
+            case Rejected(id=request_id):
+                self._end(request_id, "rejected", frame)
+            case TransferDone():
+                self.events.transferred(self, frame)
+            case ImportFailed(id=request_id, error=error):
+                self._end(request_id, "error", WorkerDied(
+                    f"KV transfer to worker {self.index} failed: {error}", request_id))
+
+    def _deliver(self, out: Output) -> None:
+        """One request's output: metered first, then to its stream; the last one frees it."""
+        self.events.output(self, out)
+        placed = self.inflight.get(out["id"])
+        if placed is not None and placed.stream.put_nowait(out) and not out["finished"]:
+            self._abort_stream(placed.stream)
+        if out["finished"]:
+            self.release(out["id"])
+        elif out.get("prefilled") is not None and placed is not None:
+            self.events.prefilled(self, out)
+
+    def _end(self, request_id: str, reason: str, item) -> None:
+        """The request ends here with nothing to bill: meter it, free it, wake its reader."""
+        placed = self.inflight.get(request_id)
+        self.events.output(self, _ended(request_id, reason))
+        self.release(request_id)
+        if placed is not None:
+            placed.stream.put_nowait(item)
+
+    def _on_death(self) -> None:
+        self.ready.clear()
+        code = self.proc.returncode
+        if not self._closing:
+            log.error("worker %d (pid %s) exited with %s; %d requests failed",
+                      self.index, self.pid, code, len(self.inflight))
+        for rid, placed in list(self.inflight.items()):
+            self.events.output(self, _ended(rid, "error"))
+            placed.stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}",
+                                                rid))
+        self.inflight.clear()
+        self.pending_blocks = 0
+
+
+def _ended(request_id: str, reason: str) -> Output:
+    """A final output for a request that produced nothing we can bill (refused, or lost)."""
+    return {"id": request_id, "tokens": [], "text": "", "finished": True, "reason": reason,
+            "stop_reason": None, "usage": None, "logprobs": None, "synthetic": True}
+
+
+async def supervise(handle: WorkerHandle, stop: asyncio.Event, max_backoff: float = 10.0):
+    """Keep a started worker running: after a death, start a fresh one with backoff."""
+    backoff = 0.5
+    while not stop.is_set():
+        dead = handle.proc is not None and handle.proc.returncode is not None \
+            and not handle.ready.is_set() and not handle._closing
+        if not dead:
+            await asyncio.sleep(0.05)
+            continue
+        try:
+            await handle.start()
+            handle.restarts += 1
+            backoff = 0.5
+        except Exception as exc:  # noqa: BLE001 - keep trying; the gateway stays up
+            log.error("worker %d failed to start: %s; retrying in %.1fs", handle.index, exc,
+                      backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(max_backoff, backoff * 2)
+
+
+# ---- cluster mode: a worker as a Ray actor ----------------------------------------------
+class _ActorProcess:
+    """Stands in for a worker's process handle (returncode, kill, wait) for a Ray actor."""
+
+    def __init__(self, actor, pid: int | None):
+        self.actor = actor
+        self.pid = pid
+        self.returncode: int | None = None
+        self._ended = asyncio.Event()
+
+    def ended(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        self._ended.set()
+
+    def kill(self) -> None:
+        import ray
+        ray.kill(self.actor, no_restart=True)
+        self.ended(-9)
+
+    async def wait(self) -> int:
+        await self._ended.wait()
+        return self.returncode
+
+
+class RayWorkerHandle(WorkerHandle):
+    """A worker placed by Ray as an actor (runtime/ray_worker.py) on any node of the cluster,
+    with the same frames as a process; a failed actor is replaced by a fresh one through Ray
+    (the supervisor calls `start` again)."""
+
+    def __init__(self, index: int, argv: list[str], ready_timeout: float = 300.0,
+                 num_cpus: float = 1, num_gpus: float = 0, events: WorkerEvents | None = None):
+        super().__init__(index, argv, ready_timeout=ready_timeout, events=events)
+        self.num_cpus, self.num_gpus = num_cpus, num_gpus
+
+    async def start(self) -> None:
+        import ray
+
+        from runtime.ray_worker import RayWorker
+        self.ready.clear()
+        groups = {"push": 1, "pull": 1}  # one thread each: frames keep their order
+        actor_class = ray.remote(concurrency_groups=groups)(RayWorker)  # type: ignore[call-overload]
+        actor = actor_class.options(num_cpus=self.num_cpus, num_gpus=self.num_gpus,
+                                    max_restarts=0).remote(self.argv)
+        self.actor_proc = _ActorProcess(actor, None)
+        # it stands in for the process: the base class only reads returncode, pid, kill, wait
+        self.proc = self.actor_proc  # type: ignore[assignment]
+        try:
+            message = await asyncio.wait_for(actor.ready.remote(), self.ready_timeout)
+        except BaseException:
+            self.proc.kill()
+            raise
+        self.proc.pid = message.pid
+        self._mark_ready(message, self._pull_loop(), "pull")
+
+    def _encode(self, message: Frame):
+        encode_frame(message)  # Ray carries the frame itself; refuse what a pipe would refuse
+        return message
+
+    def _write(self, payload) -> None:
+        self.actor_proc.actor.push.remote(payload)
+
+    async def _pull_loop(self) -> None:
+        import ray
+        actor = self.actor_proc.actor
+        try:
+            while True:
+                for message in await actor.pull.remote(0.5):
+                    self._handle(message)
+        except ray.exceptions.RayError as exc:
+            if not self._closing:
+                log.error("worker %d (Ray actor) failed: %s", self.index, exc)
+        except Exception:  # noqa: BLE001 - a bad frame is as good as a dead worker
+            log.exception("worker %d sent a bad frame", self.index)
+            self.proc.kill()
+        self.actor_proc.ended(self.proc.returncode if self.proc.returncode is not None else 1)
+        self._on_death()
