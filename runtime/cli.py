@@ -5,7 +5,7 @@ import argparse
 import sys
 import time
 
-from runtime.config import EngineConfig
+from runtime.engine_settings import add_worker_flags, settings_from_args
 from runtime.errors import RuntimeErrorBase
 from runtime.sampling_params import SamplingParams
 
@@ -15,14 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Run the inference runtime from the shell.")
     parser.add_argument("--model", default=None,
                         help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--kv-cache-gb", type=float, default=1.0,
-                        help="memory budget of the paged KV cache in GiB")
-    parser.add_argument("--spec", default="off",
-                        help="speculative decoding: off, ngram, self:L (the first L layers "
-                             "draft) or draft:PATH (a smaller model, same vocabulary)")
-    parser.add_argument("--num-spec-tokens", type=int, default=4,
-                        help="the most tokens proposed per request per step")
+    add_worker_flags(parser)  # the engine settings, declared once (runtime/engine_settings.py)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream a completion to stdout")
     gen.add_argument("--prompt", required=True)
@@ -40,9 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def make_engine(args):
     from runtime.engine import LLMEngine
-    config = EngineConfig(device=args.device, kv_cache_bytes=int(args.kv_cache_gb * (1 << 30)),
-                          spec=args.spec, num_spec_tokens=args.num_spec_tokens)
-    return LLMEngine.from_model_path(args.model, config)
+    return LLMEngine.from_model_path(args.model, settings_from_args(args).engine_config())
 
 
 def cmd_generate(args) -> int:
