@@ -24,7 +24,8 @@ from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.otlp_metrics import push_loop
 from gateway.telemetry.snapshot import SnapshotBuilder
 from gateway.telemetry.spans import Telemetry
-from gateway.workers.handle import RayWorkerHandle, WorkerEvents, WorkerHandle, supervise
+from gateway.workers.handle import WorkerEvents, WorkerHandle, supervise
+from gateway.workers.ray_handle import RayWorkerHandle
 from runtime.protocol import Output, Ready, TransferDone
 from runtime.tokenizer import Tokenizer
 

@@ -50,8 +50,7 @@ def require_metrics_reader(key: ApiKey) -> None:
 
 def is_admin_caller(request: web.Request, store: KeyStore | None) -> bool:
     """Whether the request carries an admin key (always, without a key file); never raises."""
-    if store is None:
-        return True
-    secret = presented_key(request)
-    key = store.lookup(secret) if secret is not None else None
-    return key is not None and key.admin
+    try:
+        return authenticate(request, store).admin
+    except APIError:  # no key or a bad one: not an admin, and /ready still answers
+        return False

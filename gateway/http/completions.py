@@ -88,9 +88,9 @@ class StreamGuard:
             else:  # a write is waiting on the client: the stream is stuck, not quiet
                 wake = since + (self.send_timeout or self.interval)
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
-            since = self._pending_since()
-            if since is not None:
-                if self.send_timeout and time.monotonic() - since >= self.send_timeout:
+            sse = self.stream()
+            if sse is not None and sse.pending.since is not None:
+                if sse.pending.stalled(self.send_timeout):
                     return self._stalled()
             elif time.monotonic() - self.last >= self.interval:
                 self.touch()

@@ -27,3 +27,8 @@ class PendingWrites:
         self._count -= 1
         if self._count == 0:
             self.since = None
+
+    def stalled(self, timeout: float) -> bool:
+        """A write has waited on the client for `timeout` seconds (never, for 0)."""
+        return bool(timeout) and self.since is not None and \
+            time.monotonic() - self.since >= timeout

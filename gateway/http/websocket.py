@@ -59,8 +59,7 @@ class Connection:
             since = self.pending.since
             await asyncio.sleep(timeout / 4 if since is None else
                                 max(0.0, since + timeout - time.monotonic()))
-            since = self.pending.since
-            if since is not None and time.monotonic() - since >= timeout:
+            if self.pending.stalled(timeout):
                 log.warning("a WebSocket peer read nothing for %.0f s; dropping it", timeout)
                 self.abort()
                 return

@@ -89,12 +89,8 @@ def read_str_list(body: dict, name: str, max_len: int) -> tuple[str, ...]:
         return ()
     if isinstance(value, str):
         return (value,)
-    if not isinstance(value, list):
-        raise _wrong(name, "a string or an array of strings", value)
-    check_length(name, value, max_len)
-    if not all(isinstance(s, str) for s in value):
-        raise bad_request(f"{name} must be a string or an array of strings", name)
-    return tuple(value)
+    return _capped_list(name, value, max_len, lambda s: isinstance(s, str),
+                        "a string or an array of strings")
 
 
 def read_int_list(body: dict, name: str, max_len: int) -> tuple[int, ...]:
@@ -102,11 +98,16 @@ def read_int_list(body: dict, name: str, max_len: int) -> tuple[int, ...]:
     value = body.get(name)
     if value is None:
         return ()
+    return _capped_list(name, value, max_len, is_int, "an array of integers")
+
+
+def _capped_list(name: str, value: Any, max_len: int, item_ok, want: str) -> tuple:
+    """The array's length is checked before its items are (its cap bounds the work)."""
     if not isinstance(value, list):
-        raise _wrong(name, "an array of integers", value)
+        raise _wrong(name, want, value)
     check_length(name, value, max_len)
-    if not all(is_int(t) for t in value):
-        raise bad_request(f"{name} must be an array of integers", name)
+    if not all(item_ok(v) for v in value):
+        raise bad_request(f"{name} must be {want}", name)
     return tuple(value)
 
 

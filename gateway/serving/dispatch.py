@@ -28,7 +28,6 @@ from runtime.protocol import AbortRequest, ExportKV, ImportKV, Output
 
 log = logging.getLogger(__name__)
 LOOP_TICK_SECONDS = 0.05
-Job = InFlightRequest  # what the dispatcher places: a request's choices, on one worker
 
 
 class DispatchFailed(Exception):
@@ -60,7 +59,7 @@ class Dispatcher:
         return bool(self.decode_workers)
 
     # ---- admission ----------------------------------------------------------------------
-    def enqueue(self, job: Job, virtual_start: float | None = None) -> None:
+    def enqueue(self, job: InFlightRequest, virtual_start: float | None = None) -> None:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
         job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start)
         displaced = self.queue.push(job.entry)
@@ -69,7 +68,7 @@ class Dispatcher:
             displaced.payload.assigned.set_exception(QueueFull(self.queue.retry_after()))
         self.dispatch_ready()  # at once when a worker has room: no wait for the loop's turn
 
-    def cancel(self, job: Job) -> bool:
+    def cancel(self, job: InFlightRequest) -> bool:
         """The client left: drop the job from the queue (True), or abort it on its worker
         (False: the worker's final outputs still arrive and are billed)."""
         if job.entry is not None and self.queue.remove(job.entry):
@@ -118,7 +117,7 @@ class Dispatcher:
             for prefill, out in pending:
                 self.handoff(prefill, out)
         while (entry := self.queue.peek()) is not None:
-            job: Job = entry.payload
+            job: InFlightRequest = entry.payload
             try:
                 worker = self.choose(job) or self.choose_by_preemption(job)
             except Exception as exc:  # noqa: BLE001 - this job's own fault, not the queue's
@@ -132,7 +131,7 @@ class Dispatcher:
             assigned += 1
         return assigned
 
-    def _submit(self, job: Job, worker: WorkerHandle) -> None:
+    def _submit(self, job: InFlightRequest, worker: WorkerHandle) -> None:
         """Send every sub-request of the job, or none: the worker encodes all frames before it
         counts anything as in flight. Never raises; a failure fails this job alone."""
         try:
@@ -146,7 +145,7 @@ class Dispatcher:
         if not job.assigned.done():
             job.assigned.set_result(worker)
 
-    def _fail(self, job: Job, exc: Exception) -> None:
+    def _fail(self, job: InFlightRequest, exc: Exception) -> None:
         """The job's waiter gets the error (the service then settles its bill as an error)."""
         if isinstance(exc, (WorkerDied, ConnectionError)):
             error: Exception = WorkerDied(str(exc))
@@ -161,11 +160,11 @@ class Dispatcher:
     def load_of(self, worker: WorkerHandle) -> float:
         return worker.prefill_load if self.disaggregated else worker.load
 
-    def has_room(self, worker: WorkerHandle, job: Job) -> bool:
+    def has_room(self, worker: WorkerHandle, job: InFlightRequest) -> bool:
         return (worker.alive and worker.free_slots >= job.n
                 and worker.free_blocks >= worker.blocks_for(len(job.prompt)))
 
-    def choose(self, job: Job) -> WorkerHandle | None:
+    def choose(self, job: InFlightRequest) -> WorkerHandle | None:
         candidates = [w for w in self.workers if self.has_room(w, job)]
         if not candidates:
             return None
@@ -211,7 +210,7 @@ class Dispatcher:
             if prefill.alive:
                 prefill.send_message(AbortRequest(sub_id))
 
-    def choose_by_preemption(self, job: Job) -> WorkerHandle | None:
+    def choose_by_preemption(self, job: InFlightRequest) -> WorkerHandle | None:
         """A worker running something strictly less urgent than this job, if any."""
         best, best_priority = None, job.priority
         for w in self.workers:
