@@ -114,6 +114,8 @@ class LLMEngine:
                           arrival_time if arrival_time is not None else time.monotonic(),
                           cache_salt)
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
+        if params.prompt_logprobs is not None:
+            request.prompt_logprobs = [None]  # the first prompt token has nothing before it
         self.requests[request_id] = request
         self.scheduler.add_request(request)
 
@@ -140,6 +142,8 @@ class LLMEngine:
     def _postprocess(self, sched: SchedulerOutput, result: StepSample) -> list[RequestOutput]:
         """Advance the requests, append their sampled tokens, stream and finish them."""
         sampled = self.scheduler.update_computed(sched, result.rejected)
+        for rid, (first, entries) in result.prompt_logprobs.items():
+            self.requests[rid].add_prompt_logprobs(first, entries)
         self._count_spec(sched, result)
         outputs = []
         now = time.monotonic()
@@ -161,7 +165,8 @@ class LLMEngine:
                 self.requests.pop(request.request_id, None)
                 self._count_finished(request)
             outputs.append(self._output(request, tokens, text,
-                                        result.logprobs.get(request.request_id)))
+                                        result.logprobs.get(request.request_id),
+                                        request.take_prompt_logprobs()))  # the first only
             self.counters.num_generation_tokens += len(tokens)
         return outputs
 
@@ -179,7 +184,8 @@ class LLMEngine:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def _output(self, request: Request, tokens: list[int], text: str, logprobs) -> RequestOutput:
+    def _output(self, request: Request, tokens: list[int], text: str, logprobs,
+                prompt_logprobs=None) -> RequestOutput:
         usage = Usage(request.num_prompt_tokens, request.num_cached_tokens,
                       request.num_output_tokens)
         finished = request.is_finished
@@ -195,7 +201,8 @@ class LLMEngine:
                 timing["spec_proposed"] = spec.num_proposed
         return RequestOutput(request.request_id, tokens, text, finished,
                              request.status.value if finished else None, usage, logprobs,
-                             request.stop_reason if finished else None, timing)
+                             request.stop_reason if finished else None, timing,
+                             prompt_logprobs)
 
     def _count_spec(self, sched: SchedulerOutput, result: StepSample) -> None:
         """vLLM's counters: drafts, draft tokens, accepted tokens (also per position)."""
@@ -315,7 +322,8 @@ class LLMEngine:
                        num_cached_tokens: int = 0) -> list[int]:
         """Admit a request whose prompt KV another worker computed: blocks for the prompt are
         allocated now (their ids returned, in order) and it stays out of the batch until
-        `finish_import`. `output_token_ids` are the tokens already sampled and streamed."""
+        `finish_import`. `output_token_ids` are the tokens already sampled and streamed (and
+        any prompt logprobs went out with them: the request here gathers none)."""
         self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
         request = Request(request_id, list(prompt_token_ids), params, priority,
                           time.monotonic(), cache_salt)

@@ -5,7 +5,11 @@ Gateway tests and benchmarks use it where the model's speed would only add noise
 real SmolLM2 tokenizer (read from the GGUF metadata, no weights), emits a fixed cycle of word
 tokens, one per running request per step, after `step_seconds` of simulated work, honours
 max_tokens, stop strings, stop token ids, priorities and max_num_seqs, and reports cached
-tokens as the block-aligned longest prefix it has already seen under the same salt.
+tokens as the block-aligned longest prefix it has already seen under the same salt (none for
+a request asking for prompt logprobs, which reads no cache, as in the model engine).
+
+Its fake distribution always makes the token it names the most likely at logprob -0.1, the
+n-th alternative at -0.1 * n: so for sampled tokens and for prompt tokens alike (rank 1).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import DuplicateRequestError
-from runtime.outputs import RequestOutput, StepStats, TokenLogprob, Usage, wall_clock
+from runtime.outputs import PromptLogprob, RequestOutput, StepStats, TokenLogprob, Usage, wall_clock
 from runtime.sampling_params import SamplingParams
 from runtime.validate import validate_request
 
@@ -78,17 +82,19 @@ class FakeEngine:
     def add_request(self, request_id, prompt_token_ids, params=SamplingParams(), priority=0,
                     cache_salt=None, arrival_time=None) -> None:
         self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
-        cached = self._cached_prefix(list(prompt_token_ids), cache_salt)
+        cached = self._cached_prefix(list(prompt_token_ids), cache_salt,
+                                     reads=params.prompt_logprobs is None)
         self.requests[request_id] = _FakeRequest(
             request_id, list(prompt_token_ids), params, priority,
             arrival_time if arrival_time is not None else time.monotonic(), cached,
             IncrementalDetokenizer(self.tokenizer, stop=params.stop))
 
-    def _cached_prefix(self, prompt: list[int], salt) -> int:
+    def _cached_prefix(self, prompt: list[int], salt, reads: bool = True) -> int:
+        """Tokens served by blocks seen before (0 unless `reads`); every block is seen now."""
         bs, hits, key = self.block_size, 0, (salt,)
         for i in range(len(prompt) // bs):
             key = key + tuple(prompt[i * bs:(i + 1) * bs])
-            if hash(key) in self.seen_blocks and (i + 1) * bs < len(prompt):
+            if reads and hash(key) in self.seen_blocks and (i + 1) * bs < len(prompt):
                 hits = (i + 1) * bs
             self.seen_blocks.add(hash(key))
         return hits
@@ -145,7 +151,17 @@ class FakeEngine:
             stop_reason = r.detok.stop_reason if r.detok.stopped else r.output[-1]
         return RequestOutput(r.request_id, tokens, text, reason is not None, reason,
                              Usage(len(r.prompt), r.cached, len(r.output)), logprobs,
-                             stop_reason, timing)
+                             stop_reason, timing, self._prompt_logprobs(r, tokens))
+
+    def _prompt_logprobs(self, r: _FakeRequest, tokens) -> list[PromptLogprob | None] | None:
+        """On the first output with tokens only: each prompt token the fake's most likely."""
+        k = r.params.prompt_logprobs
+        if k is None or not tokens or len(r.output) != len(tokens):
+            return None
+        vocab = self.tokenizer.vocab_size
+        return [None] + [PromptLogprob(t, -0.1, 1, tuple(((t + j) % vocab, -0.1 * (j + 1))
+                                                         for j in range(k)))
+                         for t in r.prompt[1:]]
 
     def close(self) -> None:
         pass

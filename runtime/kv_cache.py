@@ -109,9 +109,11 @@ class KVCacheManager:
 
     def match_prefix(self, request: Request) -> PrefixHit:
         """Longest run of cached full blocks that starts the request's tokens. At least the
-        last token is always left to compute (its logits are needed). Takes no block."""
+        last token is always left to compute (its logits are needed). Takes no block.
+        A request gathering prompt logprobs reads nothing: it needs every position's logits
+        (vLLM does the same); its full blocks are still cached for others."""
         hit = PrefixHit()
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.needs_prompt_logprobs:
             return hit
         bs = self.block_size
         for i, h in enumerate(self._hashes(request, request.num_tokens - 1)):
@@ -176,7 +178,7 @@ class KVCacheManager:
 
     def _count_hit(self, request: Request, num_blocks: int) -> int:
         num_cached = num_blocks * self.block_size
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and not request.needs_prompt_logprobs:  # did not look
             self.stats.queries += request.num_tokens
             self.stats.hits += num_cached
         return num_cached

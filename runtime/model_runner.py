@@ -1,10 +1,11 @@
 """Tensors live here: the KV cache, the step's input tensors, the forward pass and sampling.
 
 `run(scheduler_output, requests)` packs the scheduled tokens as [decode tokens | prefill
-chunks], runs the model once, computes logits only for the requests that sample this step,
-and returns their sampled tokens. `requests` maps ids to requests, read for sampling state
-only; the runner's own per-request state (seeded generators, a draft model's progress) lives
-here until the scheduler reports the request finished.
+chunks], runs the model once, computes logits only for the requests that sample this step
+(and for the prompt positions of requests gathering prompt logprobs), and returns their
+sampled tokens. `requests` maps ids to requests, read for sampling state only; the runner's
+own per-request state (seeded generators, a draft model's progress) lives here until the
+scheduler reports the request finished.
 """
 from __future__ import annotations
 
@@ -17,21 +18,26 @@ import kernels
 from runtime.attention import AttentionMetadata, PrefillSeq
 from runtime.config import EngineConfig, ModelConfig
 from runtime.model import LlamaModel
-from runtime.outputs import TokenLogprob
+from runtime.outputs import PromptLogprob, TokenLogprob
 from runtime.request import Request
-from runtime.sampler import Sampler, SamplingRow
+from runtime.sampler import Sampler, SamplingRow, score_tokens
 from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.verify import verify
+
+# prompt positions scored per LM-head call: bounds the [rows, vocab] logits a long chunk makes
+PROMPT_LOGPROB_ROWS = 256
 
 
 @dataclass
 class StepSample:
     """What one step sampled: new tokens per request (several when proposals were accepted),
-    logprobs where asked, and how many proposed tokens each speculating request rejected."""
+    logprobs where asked, how many proposed tokens each speculating request rejected, and the
+    prompt logprobs each gathering request got: (its first prompt position, entries)."""
 
     tokens: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[PromptLogprob]]] = field(default_factory=dict)
 
 
 def resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -201,7 +207,31 @@ class ModelRunner:
                 tokens = verify(logits, list(s.spec_token_ids[:k]), r.params, self._generator(r))
                 result.tokens[s.request_id] = tokens
                 result.rejected[s.request_id] = k - (len(tokens) - 1)
+        self._score_prompts(batch, requests, hidden, last_index, result)
         return result
+
+    def _score_prompts(self, batch: Sequence[ScheduledRequest], requests: Mapping[str, Request],
+                       hidden: torch.Tensor, last_index: dict[str, int],
+                       result: StepSample) -> None:
+        """Prompt logprobs at the positions each gathering request runs this step: the row of
+        position p scores prompt token p + 1, so a chunk's last row scores the next chunk's
+        first token. Positions already held (a recompute after preemption) are skipped."""
+        for s in batch:
+            r = requests[s.request_id]
+            if not r.needs_prompt_logprobs:
+                continue
+            first = max(s.start_position, len(r.prompt_logprobs) - 1)
+            end = min(s.start_position + len(s.token_ids), r.num_prompt_tokens - 1)
+            if first >= end:
+                continue  # the prompt's last position samples; it scores no prompt token
+            row0 = last_index[s.request_id] - (s.num_new_tokens - 1) - s.start_position
+            entries: list[PromptLogprob] = []
+            for lo in range(first, end, PROMPT_LOGPROB_ROWS):
+                hi = min(lo + PROMPT_LOGPROB_ROWS, end)
+                logits = self.model.compute_logits(hidden[row0 + lo:row0 + hi])
+                targets = torch.tensor(r.prompt_token_ids[lo + 1:hi + 1], device=self.device)
+                entries += score_tokens(logits, targets, r.params.prompt_logprobs)
+            result.prompt_logprobs[s.request_id] = (first + 1, entries)
 
     def _with_drafts(self, out: SchedulerOutput,
                      requests: Mapping[str, Request]) -> list[ScheduledRequest]:

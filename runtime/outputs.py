@@ -23,6 +23,21 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()  # the N most likely alternatives
 
 
+# JSON has no -inf: a prompt token the model rules out (logit -inf) is reported at this floor,
+# the one OpenAI and the gateway use (gateway/openai/responses.py)
+MIN_LOGPROB = -9999.0
+
+
+@dataclass(frozen=True)
+class PromptLogprob:
+    """One prompt token scored by the tokens before it (vLLM's prompt_logprobs)."""
+
+    token_id: int
+    logprob: float  # at least MIN_LOGPROB
+    rank: int  # 1 + the number of vocabulary tokens strictly more likely
+    top: tuple[tuple[int, float], ...] = ()  # the k most likely (id, logprob), best first
+
+
 @dataclass
 class RequestOutput:
     """New tokens of one request since its last output. `usage` is current at every output."""
@@ -36,6 +51,8 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     timing: dict | None = None  # on the final output: arrival, scheduled, first_token, finished
+    # once, on the first output with tokens: one entry per prompt token, None for the first
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
 
 def wall_clock(monotonic_time: float | None) -> float | None:

@@ -40,6 +40,9 @@ class Output(TypedDict, total=False):
     stop_reason: int | str | None
     usage: list[int] | None  # [prompt, cached, completion]; None for an ended-unbilled one
     logprobs: list | None  # [[token, logprob, [[id, logprob], ...]], ...]
+    # only on the first output with tokens of a request asking for them: one entry per prompt
+    # token, [None, [token, logprob, rank, [[id, logprob], ...]], ...]; logprobs >= -9999.0
+    prompt_logprobs: list | None
     timing: dict | None  # wall-clock times on the worker, on the final output
     prefilled: dict | None  # disaggregation: the prompt's KV is ready to move
     synthetic: bool  # made by the gateway for a request that ended with nothing to bill
@@ -110,6 +113,7 @@ class Ready:
     device: str
     eos_token_ids: list[int]
     tokenizer: str
+    sampling_defaults: dict = field(default_factory=dict)  # the model's, for omitted fields
     type: str = field(default="ready", init=False)
 
 

@@ -36,20 +36,21 @@ class _FrameQueue:
 class RayWorker:
     def __init__(self, argv: list[str]):
         from runtime.kv_rendezvous import SECRET_ENV, pop_secret_flag
-        from runtime.worker import Worker, build_engine, parse_args
+        from runtime.worker import Worker, build_engine, model_defaults, parse_args
         argv, secret = pop_secret_flag(argv)
         if secret:
             os.environ[SECRET_ENV] = secret  # this actor's process is this worker's alone
         args = parse_args(argv)
         self.out = _FrameQueue()
         self.worker = Worker(build_engine(args), self.out)
+        self.sampling_defaults = model_defaults(args)
         if args.kv_store:
             self.worker.enable_disagg(args.kv_store)
         self.thread = threading.Thread(target=self.worker.loop, daemon=True)
         self.thread.start()
 
     def ready(self) -> Frame:
-        return self.worker.ready_message()
+        return self.worker.ready_message(self.sampling_defaults)
 
     @ray.method(concurrency_group="push")
     def push(self, frame: Frame) -> None:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from runtime.outputs import PromptLogprob
 from runtime.sampling_params import SamplingParams
 from runtime.spec_decode.governor import SpecState
 
@@ -54,6 +55,9 @@ class Request:
     spec: SpecState = field(default_factory=SpecState)  # the speculation governor's record
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    # prompt logprobs gathered so far, by prompt position (position 0 has none); None when
+    # not asked for or already delivered. Set by the engine on admission.
+    prompt_logprobs: list[PromptLogprob | None] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -70,6 +74,31 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Still gathering prompt logprobs: every prompt position must run through the model,
+        so the prefix cache serves this request nothing (cached blocks skip compute)."""
+        return self.prompt_logprobs is not None
+
+    def add_prompt_logprobs(self, first: int, entries: list[PromptLogprob]) -> None:
+        """Entries for prompt positions `first`, `first` + 1, ...; those already held are
+        skipped, so a chunk run again after preemption adds nothing twice."""
+        held = self.prompt_logprobs
+        if held is None:
+            return
+        if first > len(held):
+            raise ValueError(f"prompt logprobs from position {first}, but only {len(held)} "
+                             f"are held: a gap")
+        held.extend(entries[len(held) - first:])
+
+    def take_prompt_logprobs(self) -> list[PromptLogprob | None] | None:
+        """The complete prompt logprobs, once: later calls (and recomputes after preemption)
+        find nothing to gather or deliver."""
+        held, self.prompt_logprobs = self.prompt_logprobs, None
+        if held is not None and len(held) != self.num_prompt_tokens:
+            raise ValueError(f"{len(held)} prompt logprobs for {self.num_prompt_tokens} tokens")
+        return held
 
     def token_slice(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)

@@ -1,4 +1,5 @@
-"""Batched next-token sampling: penalties, greedy or temperature/top-k/top-p/min-p, logprobs.
+"""Batched next-token sampling: penalties, greedy or temperature/top-k/top-p/min-p, logprobs;
+and the scoring of given tokens (prompt logprobs).
 
 Each row is processed as: penalties -> (greedy: argmax) | (temperature -> top-k -> top-p ->
 min-p -> draw). Every filter is a cutoff on the row's own probabilities and an exact no-op for a
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.outputs import MIN_LOGPROB, PromptLogprob
 from runtime.sampling_params import SamplingParams
 
 
@@ -196,3 +198,20 @@ class Sampler:
             if n > 0:
                 top[i] = list(zip(top_ids[j][:n], top_vals[j][:n]))
         return SampleResult(token_ids, logprobs, top)
+
+
+def score_tokens(logits: torch.Tensor, targets: torch.Tensor, k: int) -> list[PromptLogprob]:
+    """Score row i's given token `targets[i]` under log_softmax of the raw logits in float32:
+    its logprob, its rank (1 + the tokens strictly more likely) and the k most likely
+    (id, logprob), best first. Values below MIN_LOGPROB (-inf) are reported at the floor."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, targets.unsqueeze(1))
+    ranks = ((lp > chosen).sum(dim=-1) + 1).tolist()
+    values = chosen.squeeze(1).clamp_min(MIN_LOGPROB).tolist()
+    top: list[list[tuple[int, float]]] = [[] for _ in values]
+    if k > 0:
+        top_vals, top_ids = lp.topk(min(k, lp.shape[1]), dim=-1)
+        top = [list(zip(ids, vals)) for ids, vals in
+               zip(top_ids.tolist(), top_vals.clamp_min(MIN_LOGPROB).tolist())]
+    return [PromptLogprob(t, v, r, tuple(alt))
+            for t, v, r, alt in zip(targets.tolist(), values, ranks, top)]

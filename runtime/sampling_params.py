@@ -28,6 +28,9 @@ class SamplingParams:
     temperature 0 means greedy. `seed` makes a sampled output reproducible whatever else shares
     the batch: each seeded request draws from its own generator, advanced once per token.
     `logprobs` asks for the sampled token's log-probability; `top_logprobs` for N alternatives.
+    `prompt_logprobs` (None: off) asks, as vLLM does, for every prompt token's log-probability
+    given the tokens before it, its rank and that many alternatives; a request asking for it
+    computes its whole prompt (the prefix cache serves it nothing).
     """
 
     max_tokens: int = 16
@@ -44,6 +47,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
     speculative: bool = True  # False opts this request out of speculative decoding
     if TYPE_CHECKING:  # for the checker only: each instance sets its own in __post_init__;
         stop_token_set: ClassVar[frozenset[int]]  # ClassVar so it is not a dataclass field
@@ -90,6 +94,11 @@ class SamplingParams:
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise bad("top_logprobs",
                       f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
+        k = self.prompt_logprobs
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool)
+                              or not 0 <= k <= MAX_TOP_LOGPROBS):
+            raise bad("prompt_logprobs", f"must be null or an integer in "
+                                         f"[0, {MAX_TOP_LOGPROBS}], got {k!r:.40}")
         if self.seed is not None and (not isinstance(self.seed, int)
                                       or not MIN_SEED <= self.seed <= MAX_SEED):
             raise bad("seed", f"must be an integer in [{MIN_SEED}, {MAX_SEED}], "

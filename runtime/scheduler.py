@@ -205,8 +205,9 @@ class Scheduler:
     def _next_block_in_flight(self, request: Request, hit: PrefixHit,
                               in_flight: set[bytes]) -> bool:
         """True when the first block this request would compute is being computed by a
-        running request: waiting a step or two turns that recompute into a cache hit."""
-        if not in_flight:
+        running request: waiting a step or two turns that recompute into a cache hit; never
+        for a request that reads no cache (it gathers prompt logprobs)."""
+        if not in_flight or request.needs_prompt_logprobs:
             return False
         hashes = self.kv.block_hashes_upto(request, request.num_tokens - 1)
         return hit.num_blocks < len(hashes) and hashes[hit.num_blocks] in in_flight

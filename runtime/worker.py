@@ -54,11 +54,16 @@ def output_message(out: RequestOutput) -> Output:
     logprobs = None
     if out.logprobs is not None:
         logprobs = [[lp.token_id, lp.logprob, [list(t) for t in lp.top]] for lp in out.logprobs]
-    return {"id": out.request_id, "tokens": out.new_token_ids, "text": out.new_text,
-            "finished": out.finished, "reason": out.finish_reason,
-            "stop_reason": out.stop_reason,
-            "usage": [u.prompt_tokens, u.cached_tokens, u.completion_tokens],
-            "logprobs": logprobs, "timing": out.timing}
+    message: Output = {"id": out.request_id, "tokens": out.new_token_ids, "text": out.new_text,
+                       "finished": out.finished, "reason": out.finish_reason,
+                       "stop_reason": out.stop_reason,
+                       "usage": [u.prompt_tokens, u.cached_tokens, u.completion_tokens],
+                       "logprobs": logprobs, "timing": out.timing}
+    if out.prompt_logprobs is not None:  # once per request: no key on every other output
+        message["prompt_logprobs"] = [
+            None if e is None else [e.token_id, e.logprob, e.rank, [list(t) for t in e.top]]
+            for e in out.prompt_logprobs]
+    return message
 
 
 def stats_message(engine, stats: StepStats | None, device=None) -> dict:
@@ -91,9 +96,9 @@ class Worker:
         self.out.write(encode_frame(frame))
         self.out.flush()
 
-    def ready_message(self) -> Ready:
+    def ready_message(self, sampling_defaults: dict | None = None) -> Ready:
         return Ready(pid=os.getpid(), tokenizer=self.engine.tokenizer.to_json(),
-                     **self.engine.info())
+                     sampling_defaults=sampling_defaults or {}, **self.engine.info())
 
     def read_commands(self, in_stream) -> None:
         """Queue every frame from the gateway. A frame that cannot be read ends the worker
@@ -218,6 +223,15 @@ def build_engine(args):
     return LLMEngine.from_model_path(args.model, settings.engine_config())
 
 
+def model_defaults(args) -> dict:
+    """The model's sampling defaults (the fake engine has no model: OpenAI's)."""
+    if args.fake:
+        return {}
+    from runtime.model_files import default_model_path
+    from runtime.sampling_defaults import model_sampling_defaults
+    return model_sampling_defaults(args.model or default_model_path())
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     frames_out = os.fdopen(os.dup(1), "wb")
@@ -227,7 +241,7 @@ def main(argv=None) -> int:
     worker = Worker(build_engine(args), frames_out)
     if args.kv_store:
         worker.enable_disagg(args.kv_store)
-    worker.send(worker.ready_message())
+    worker.send(worker.ready_message(model_defaults(args)))
     tune_gc_for_serving()
     threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
     worker.loop()

@@ -143,7 +143,34 @@ async def stop_token_ids_stop(driver) -> None:
     assert final["usage"][2] == 1
 
 
-SCENARIOS = [lengths_and_usage, abort_ends_once, refusals_change_nothing, stop_token_ids_stop]
+async def prompt_logprobs_once(driver) -> None:
+    """Asked for, prompt logprobs come once, on the first output with tokens: None for the
+    first prompt token, then [the token, a logprob, its rank, k alternatives best first]. The
+    request reads no prefix cache (0 cached), though the cache was warm for the same prompt."""
+    prompt, k = list(range(5, 45)), 3  # two full blocks of 16 before the last token
+    plain = SamplingParams(max_tokens=2, temperature=0)
+    cached = {}
+    for rid in ("warm", "warmed"):
+        await driver.submit(rid, prompt, plain)
+        cached[rid] = (await _run_until_finished(driver, [rid]))[rid][-1]["usage"][1]
+    assert cached["warmed"] > 0  # the cache holds the prompt now
+    await driver.submit("asks", prompt, SamplingParams(max_tokens=3, temperature=0,
+                                                       prompt_logprobs=k))
+    outs = (await _run_until_finished(driver, ["asks"]))["asks"]
+    carrying = [o for o in outs if o.get("prompt_logprobs") is not None]
+    assert carrying == [next(o for o in outs if o["tokens"])]
+    assert outs[-1]["usage"][1] == 0
+    entries = carrying[0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(prompt)
+    for token, (scored, logprob, rank, top) in zip(prompt[1:], entries[1:]):
+        assert scored == token and -9999.0 <= logprob <= 0 and rank >= 1
+        values = [lp for _, lp in top]
+        assert len(top) == k and values == sorted(values, reverse=True)
+        assert logprob <= values[0] and (rank > 1 or logprob == values[0])
+
+
+SCENARIOS = [lengths_and_usage, abort_ends_once, refusals_change_nothing, stop_token_ids_stop,
+             prompt_logprobs_once]
 
 
 # ---- the engines --------------------------------------------------------------------------
