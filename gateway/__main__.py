@@ -51,7 +51,8 @@ async def serve(config) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown, sig)
     if config.keys_file:  # without one, SIGHUP keeps its default action
-        loop.add_signal_handler(signal.SIGHUP, KeyReloader(state, config.keys_file))
+        reloader = KeyReloader(state, config.keys_file, state.served_names)
+        loop.add_signal_handler(signal.SIGHUP, reloader)
     runner = GatewayRunner(app, header_timeout=config.header_timeout_seconds,
                            keepalive_timeout=config.idle_timeout_seconds,
                            handler_cancellation=True, access_log=None, shutdown_timeout=1.0)

@@ -17,6 +17,7 @@ from gateway.http.routes import add_routes
 from gateway.serving.accounting import Accounting
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.queue import RequestQueue
+from gateway.serving.response_store import ResponseStore
 from gateway.serving.service import GenerationService
 from gateway.state import STATE, GatewayState
 from gateway.telemetry.feed import FeedHub
@@ -41,6 +42,8 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
         middlewares.append(browser_guard(check_host=config.is_loopback()))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     state = GatewayState(config)
+    state.served_names = config.served_names()
+    state.model_name = state.served_names[0]
     state.queue = RequestQueue(config.max_queue, config.aging_seconds)
     events = GatewayWorkerEvents(app, state)
     if config.ray_address:
@@ -52,11 +55,13 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
                          for i in range(config.workers)]
         state.dispatcher = Dispatcher(state.workers, state.queue, state.inflight,
                                       config.affinity_margin)
-    state.keys = KeyStore.from_toml(config.keys_file) if config.keys_file else None
+    state.keys = KeyStore.from_toml(config.keys_file, state.served_names) \
+        if config.keys_file else None
     state.accounting = Accounting(state.inflight, PriceBook.load(config.prices),
                                   Ledger(config.resolved_ledger_path()),
                                   FairShare(config.fair_share_tokens_per_second))
     state.feed = FeedHub()
+    state.response_store = ResponseStore(config.responses_store_seconds, config.responses_store_max)
     state.snapshots = SnapshotBuilder(state)
     state.accounting.subscribe(state.snapshots.on_settled)
     if config.telemetry:
@@ -230,12 +235,15 @@ def _on_worker_ready(app: web.Application, state: GatewayState,
 
 def _become_ready(state: GatewayState, info: Ready) -> None:
     tokenizer = Tokenizer.from_json(info.tokenizer)
-    state.model_name = info.model
-    state.accounting.model = info.model
-    state.metrics = GatewayMetrics(info.model)
+    state.model_root = info.model
+    state.sampling_defaults = state.config.sampling_spec().resolve(info.sampling_defaults)
+    state.accounting.model = state.model_name
+    state.metrics = GatewayMetrics(state.model_name)
     state.accounting.subscribe(state.metrics.observe_settled)
     state.service = GenerationService(tokenizer, state.dispatcher, state.inflight,
                                       info.max_model_len, info.vocab_size,
                                       state.config.default_max_tokens, state.accounting,
                                       state.config.stream_buffer_bytes)
-    log.info("serving %s from %d worker(s)", info.model, len(state.workers))
+    log.info("serving %s as %s from %d worker(s), sampling defaults %s", info.model,
+             ", ".join(state.served_names), len(state.workers), state.sampling_defaults or
+             "OpenAI's")

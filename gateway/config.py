@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from runtime.engine_settings import EngineSettings
+from runtime.errors import ModelLoadError
+from runtime.model_files import FAKE_MODEL_NAME, default_model_path, model_name
+from runtime.sampling_defaults import SamplingSpec, parse_spec
 
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
 
@@ -51,6 +54,10 @@ class GatewayConfig(EngineSettings):
     pd: str | None = None  # "P:D": P prefill and D decode workers (replaces --workers)
     kv_store_port: int = 0  # the gateway's TCPStore for KV-transfer groups; 0: any free port
     ray_address: str | None = None  # place workers as Ray actors on this cluster ("auto")
+    served_model_name: str | None = None  # "NAME [ALIAS ...]": the names clients may ask for
+    sampling_defaults: str | None = None  # "model", "none", a profile name or KEY=VALUE,...
+    responses_store_seconds: float = 3600.0  # /v1/responses kept for previous_response_id
+    responses_store_max: int = 1000  # stored responses per tenant (oldest dropped first)
 
     def pd_split(self) -> tuple[int, int] | None:
         """(prefill, decode) worker counts when disaggregated, else None."""
@@ -65,6 +72,27 @@ class GatewayConfig(EngineSettings):
         if self.fake:
             raise SystemExit("--pd needs a model: the fake engine has no KV to move")
         return p, d
+
+    def served_names(self) -> tuple[str, ...]:
+        """The names clients may ask for, the reported one first: --served-model-name, else
+        the model file's own name (runtime/model_files.py, the rule the worker follows)."""
+        if self.served_model_name:
+            names = tuple(dict.fromkeys(self.served_model_name.replace(",", " ").split()))
+            if names:
+                return names
+        if self.fake:
+            return (FAKE_MODEL_NAME,)
+        try:
+            return (model_name(self.model or default_model_path()),)
+        except ModelLoadError as exc:
+            raise SystemExit(str(exc)) from None
+
+    def sampling_spec(self) -> SamplingSpec:
+        """--sampling-defaults parsed; a bad one stops the start with its reason."""
+        try:
+            return parse_spec(self.sampling_defaults)
+        except ValueError as exc:
+            raise SystemExit(f"--sampling-defaults: {exc}") from None
 
     def num_workers(self) -> int:
         split = self.pd_split()
@@ -161,6 +189,16 @@ HELP = {
     "pd": "prefill/decode disaggregation: P:D starts P prefill and D decode workers that "
           "move prompt KV over torch.distributed (instead of --workers)",
     "kv_store_port": "loopback port of the TCPStore for KV-transfer groups (0: any free)",
+    "served_model_name": "the model names clients may ask for, separated by spaces: the "
+                         "first is the one reported; any other is 404 (default: the model "
+                         "file's name)",
+    "sampling_defaults": "sampling for fields a request omits: 'model' (generation_config.json "
+                         "of a HF folder, else the GGUF profile), 'none' (OpenAI's: "
+                         "temperature 1), a profile name (llama-cpp) or KEY=VALUE,... over "
+                         "'model' (temperature, top_p, top_k, min_p, repetition_penalty)",
+    "responses_store_seconds": "seconds a /v1/responses answer is kept per tenant for "
+                               "previous_response_id (0: not stored; such requests get 400)",
+    "responses_store_max": "responses kept per tenant (the oldest is dropped first)",
     "ray_address": "run workers as Ray actors on this Ray cluster (an address or auto); "
                    "needs the ray extra",
 }
@@ -227,4 +265,5 @@ def load_config(argv: list[str] | None = None,
             values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
     config = GatewayConfig(**values)
     refuse_open_keyless(config)
+    config.sampling_spec()  # refused now, not when the first worker is ready
     return config

@@ -53,8 +53,8 @@ def payment_required(message: str) -> APIError:
     return APIError(402, message, "insufficient_quota", code="insufficient_quota")
 
 
-def not_found(message: str, param: str | None = None) -> APIError:
-    return APIError(404, message, "not_found_error", param)
+def not_found(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(404, message, "not_found_error", param, code=code)
 
 
 def rate_limited(message: str, retry_after_s: float | None = None) -> APIError:

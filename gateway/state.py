@@ -14,6 +14,7 @@ from gateway.serving.accounting import Accounting
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.inflight import InFlightTable
 from gateway.serving.queue import RequestQueue
+from gateway.serving.response_store import ResponseStore
 from gateway.serving.service import GenerationService
 from gateway.telemetry.feed import FeedHub
 from gateway.telemetry.metrics import GatewayMetrics
@@ -36,7 +37,11 @@ class GatewayState:
     telemetry: Telemetry | None = None  # when enabled
     feed: FeedHub | None = None
     snapshots: SnapshotBuilder | None = None
-    model_name: str = "unknown"
+    response_store: ResponseStore | None = None  # /v1/responses kept for previous_response_id
+    model_name: str = "unknown"  # the name reported: the first of served_names
+    served_names: tuple[str, ...] = ()  # every name clients may ask for (--served-model-name)
+    model_root: str = "unknown"  # what the worker loaded (its file's name)
+    sampling_defaults: dict = field(default_factory=dict)  # for fields a request omits
     started_at: float = field(default_factory=time.time)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     open_responses: set = field(default_factory=set)  # streams to close on shutdown

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import DuplicateRequestError
+from runtime.model_files import FAKE_MODEL_NAME
 from runtime.outputs import PromptLogprob, RequestOutput, StepStats, TokenLogprob, Usage, wall_clock
 from runtime.sampling_params import SamplingParams
 from runtime.validate import validate_request
@@ -57,7 +58,7 @@ class FakeEngine:
         self.generated = 0
 
     def info(self) -> dict:
-        return {"model": "fake-smollm2", "max_model_len": self.max_model_len,
+        return {"model": FAKE_MODEL_NAME, "max_model_len": self.max_model_len,
                 "vocab_size": self.tokenizer.vocab_size, "num_blocks": self.num_blocks,
                 "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
                 "device": "fake", "eos_token_ids": list(self.tokenizer.eos_token_ids)}

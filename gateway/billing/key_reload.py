@@ -13,10 +13,11 @@ from gateway.billing.keys import KeyFileError, KeyStore
 log = logging.getLogger(__name__)
 
 
-def reload_keys(path: str, current: KeyStore) -> KeyStore:
+def reload_keys(path: str, current: KeyStore,
+                served_models: tuple[str, ...] | None = None) -> KeyStore:
     """The store built from `path`, or `current` when the file is bad (logged at ERROR)."""
     try:
-        store = KeyStore.from_toml(path)
+        store = KeyStore.from_toml(path, served_models)
     except KeyFileError as exc:  # names the file and the line
         log.error("key file not reloaded, the old keys stay in use: %s", exc)
         return current
@@ -35,9 +36,10 @@ class KeyReloader:
     signal is the one that ends up loaded; further signals meanwhile fold into that one.
     """
 
-    def __init__(self, state, path: str):
+    def __init__(self, state, path: str, served_models: tuple[str, ...] | None = None):
         self.state = state
         self.path = path
+        self.served_models = served_models  # a new file is checked against these names
         self.task: asyncio.Task | None = None
         self._again = False
 
@@ -51,6 +53,7 @@ class KeyReloader:
         while True:
             self._again = False
             current = self.state.keys
-            self.state.keys = await asyncio.to_thread(reload_keys, self.path, current)
+            self.state.keys = await asyncio.to_thread(reload_keys, self.path, current,
+                                                      self.served_models)
             if not self._again:
                 return

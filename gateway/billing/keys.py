@@ -49,8 +49,9 @@ class Tenant:
     models: tuple[str, ...] = ("*",)
     shared_cache: bool = False
 
-    def allows_model(self, model: str | None) -> bool:
-        return "*" in self.models or model in self.models
+    def allows_model(self, names: tuple[str, ...]) -> bool:
+        """May use the model served under `names` (its name and aliases): one listed is enough."""
+        return "*" in self.models or any(name in self.models for name in names)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,9 @@ class KeyStore:
         return key
 
     @classmethod
-    def from_toml(cls, path: str) -> KeyStore:
+    def from_toml(cls, path: str, served_models: tuple[str, ...] | None = None) -> KeyStore:
+        """The keys of `path`; with `served_models`, a tenant naming a model not among them is
+        an error (a typo there would refuse every request of that tenant)."""
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
@@ -102,7 +105,7 @@ class KeyStore:
             raise KeyFileError(f"{path}: cannot read the key file ({exc})") from None
         lines = raw.decode().splitlines()
         tenants = {name: _tenant(name, t, _where(path, lines, rf"\[\s*tenants\.{re.escape(name)}"
-                                                                rf"\s*\]"))
+                                                                rf"\s*\]"), served_models)
                    for name, t in _table(data, "tenants", path).items()}
         keys = []
         for i, k in enumerate(_array(data, "keys", path)):
@@ -136,7 +139,7 @@ def _array(data: dict, name: str, path: str) -> list:
     return value
 
 
-def _tenant(name: str, t: dict, where: str) -> Tenant:
+def _tenant(name: str, t: dict, where: str, served: tuple[str, ...] | None) -> Tenant:
     if not isinstance(t, dict):
         raise KeyFileError(f"{where}: tenant {name!r} must be a table")
     known = set(Tenant.__dataclass_fields__) - {"name"}
@@ -150,7 +153,7 @@ def _tenant(name: str, t: dict, where: str) -> Tenant:
                         tokens_per_minute=float(t.get("tokens_per_minute", 0)),
                         budget_usd=float(t.get("budget_usd", 0)),
                         budget_period=str(t.get("budget_period", "day")),
-                        models=tuple(t.get("models", ["*"])),
+                        models=_models(t.get("models", ["*"])),
                         shared_cache=bool(t.get("shared_cache", False)))
     except (TypeError, ValueError) as exc:
         raise KeyFileError(f"{where}: tenant {name!r}: {exc}") from None
@@ -160,7 +163,17 @@ def _tenant(name: str, t: dict, where: str) -> Tenant:
         raise KeyFileError(f"{where}: tenant {name!r}: limits and budget must be >= 0")
     if tenant.budget_period not in PERIODS:
         raise KeyFileError(f"{where}: tenant {name!r}: budget_period must be one of {PERIODS}")
+    unknown_models = [m for m in tenant.models if m != "*" and served and m not in served]
+    if unknown_models:
+        raise KeyFileError(f"{where}: tenant {name!r}: models {unknown_models} are not served "
+                           f"here (served: {', '.join(served or ())}; see --served-model-name)")
     return tenant
+
+
+def _models(value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(m, str) for m in value):
+        raise ValueError("models must be an array of model names (or [\"*\"])")
+    return tuple(value)
 
 
 def _key(k: dict, tenants: dict, where: str) -> ApiKey:

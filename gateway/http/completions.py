@@ -170,10 +170,13 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
     req = gen.request
     texts: dict[int, list[str]] = {i: [] for i in range(req.n)}
     logprobs: dict[int, list] = {i: [] for i in range(req.n)}
+    prompt_logprobs: dict[int, list] = {}
     async for delta in state.service.stream(gen):
         texts[delta.index].append(delta.text)
         if delta.logprobs:
             logprobs[delta.index].extend(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            prompt_logprobs[delta.index] = delta.prompt_logprobs
     await wait_committed(gen)  # the bill is durable before the client sees the answer
     wants_logprobs = req.params.logprobs or req.params.top_logprobs > 0
     choices = []
@@ -183,7 +186,8 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
         if req.echo:
             text, offset = gen.prompt_text + text, len(gen.prompt_text)
         choices.append(ChoiceResult(i, text, gen.finish_reasons.get(i),
-                                    logprobs[i] if wants_logprobs else None, offset))
+                                    logprobs[i] if wants_logprobs else None, offset,
+                                    prompt_logprobs.get(i)))
     build = chat_response if req.kind == "chat" else completion_response
     body = build(gen.request_id, state.model_name, gen.created, choices, usage_of(gen))
     return json_response(body, headers=response_headers(gen))

@@ -5,6 +5,7 @@ Ranges and enums come from the validator's own constants, so the document cannot
 """
 from __future__ import annotations
 
+from gateway.http.openapi_extensions import REF, extension_paths, extension_schemas
 from gateway.openai.requests import (
     MAX_CONTENT_PARTS,
     MAX_MESSAGES,
@@ -21,8 +22,6 @@ from runtime.sampling_params import (
     MAX_TOP_LOGPROBS,
     MIN_SEED,
 )
-
-REF = "#/components/schemas/"
 
 WS_DESCRIPTION = """\
 Upgrade to a WebSocket carrying many requests at once, each named by a client-chosen `id`.
@@ -74,10 +73,10 @@ def _obj(props: dict, required=(), desc=None) -> dict:
     return schema
 
 
-def _shared_request_fields() -> dict:
+def _shared_request_fields(names: tuple[str, ...]) -> dict:
     """Fields both endpoints accept, as `gateway.openai.requests` validates them."""
     return {
-        "model": {"type": ["string", "null"]},
+        "model": _model(names),
         "max_tokens": _int(1, desc="Output budget; default: the rest of the context."),
         "temperature": _num(0, MAX_TEMPERATURE, "0 means greedy.", 1.0),
         "top_p": _num(0, 1, "In (0, 1].", 1.0),
@@ -103,7 +102,16 @@ def _shared_request_fields() -> dict:
     }
 
 
-def _chat_request() -> dict:
+PROMPT_LOGPROBS = _int(0, MAX_TOP_LOGPROBS, "vLLM's: each prompt token's logprob, rank and this "
+                       "many alternatives; not with stream; the prefix cache serves none.")
+
+
+def _model(names: tuple[str, ...]) -> dict:
+    return {"enum": [*names, None], "description": "A served name (any other is 404 "
+                                                   "model_not_found); omitted: the first."}
+
+
+def _chat_request(names: tuple[str, ...]) -> dict:
     part = _obj({"type": {"const": "text"}, "text": {"type": "string"}}, ("type", "text"))
     message = _obj({"role": {"enum": list(ROLES)},
                     "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part,
@@ -113,27 +121,29 @@ def _chat_request() -> dict:
     return _obj({
         "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES,
                      "items": message},
-        **_shared_request_fields(),
+        **_shared_request_fields(names),
         "max_completion_tokens": _int(1, desc="Wins over max_tokens."),
         "logprobs": _bool("Return each output token's log-probability."),
         "top_logprobs": _int(0, MAX_TOP_LOGPROBS, "Alternatives per token; needs logprobs.", 0),
+        "prompt_logprobs": PROMPT_LOGPROBS,
     }, ("messages",))
 
 
-def _completion_request() -> dict:
+def _completion_request(names: tuple[str, ...]) -> dict:
     return _obj({
         "prompt": {"oneOf": [{"type": "string"},
                              {"type": "array", "minItems": 1,
                               "items": {"type": "integer", "minimum": 0}},
                              {"type": "array", "minItems": 1, "maxItems": 1,
                               "items": {"type": "string"}}]},
-        **_shared_request_fields(),
+        **_shared_request_fields(names),
         "logprobs": _int(0, MAX_TOP_LOGPROBS, "Log-probabilities plus this many alternatives."),
         "echo": _bool("Prepend the prompt to the output."),
+        "prompt_logprobs": PROMPT_LOGPROBS,
     }, ("prompt",))
 
 
-def _schemas() -> dict:
+def _schemas(names: tuple[str, ...]) -> dict:
     nullable_str = {"type": ["string", "null"]}
     common = {"id": {"type": "string"}, "created": {"type": "integer"},
               "model": {"type": "string"}}
@@ -155,8 +165,8 @@ def _schemas() -> dict:
                      "choices": {"type": "array", "items": choice}, "usage": usage_ref})
 
     return {
-        "ChatCompletionRequest": _chat_request(),
-        "CompletionRequest": _completion_request(),
+        "ChatCompletionRequest": _chat_request(names),
+        "CompletionRequest": _completion_request(names),
         "Usage": _obj({
             "prompt_tokens": {"type": "integer"}, "completion_tokens": {"type": "integer"},
             "total_tokens": {"type": "integer"},
@@ -204,8 +214,10 @@ def _plain_get(summary: str, content_type: str, schema: dict) -> dict:
         "description": "OK", "content": {content_type: {"schema": schema}}}}}}
 
 
-def build_openapi(model_name: str) -> dict:
-    """The whole document, naming the served model."""
+def build_openapi(model_names: str | tuple[str, ...]) -> dict:
+    """The whole document, naming the served model (its first name, and every alias)."""
+    names = (model_names,) if isinstance(model_names, str) else tuple(model_names)
+    model_name = names[0]
     return {
         "openapi": "3.1.0",
         "info": {"title": "inferstack gateway", "version": "1",
@@ -219,7 +231,7 @@ def build_openapi(model_name: str) -> dict:
                 "summary": "The served models", "security": [{"bearer": []}],
                 "responses": {"200": {"description": "OK", "content": {"application/json": {
                     "schema": _obj({"object": {"const": "list"}, "data": {
-                        "type": "array", "items": _obj({"id": {"const": model_name},
+                        "type": "array", "items": _obj({"id": {"enum": list(names)},
                                                         "object": {"const": "model"},
                                                         "created": {"type": "integer"},
                                                         "owned_by": {"type": "string"}})}})}}},
@@ -233,7 +245,8 @@ def build_openapi(model_name: str) -> dict:
             "/ready": {"get": {"summary": "Readiness: a runtime worker can take requests",
                                "responses": {"200": {"description": "Ready"}, **_errors(503)}}},
             "/metrics": _plain_get("Prometheus metrics", "text/plain", {"type": "string"}),
+            **extension_paths(_errors),
         },
-        "components": {"schemas": _schemas(),
+        "components": {"schemas": {**_schemas(names), **extension_schemas(_model(names))},
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }

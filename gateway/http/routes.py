@@ -4,46 +4,22 @@ from __future__ import annotations
 import asyncio
 import time
 
-import orjson
 from aiohttp import web
 
 from gateway.billing.ledger import PERIOD_FORMATS
-from gateway.errors import APIError, bad_request
+from gateway.errors import bad_request
 from gateway.http.auth import authenticate, is_admin_caller, require_admin, require_metrics_reader
 from gateway.http.completions import respond_json, stream_sse
 from gateway.http.error_middleware import json_response
 from gateway.http.feed_route import telemetry_handler
 from gateway.http.openapi import build_openapi
+from gateway.http.request_body import read_json, trace_context
+from gateway.http.responses_route import add_responses_routes
+from gateway.http.tokenize_route import add_tokenize_routes
 from gateway.http.websocket import websocket_handler
 from gateway.openai.requests import parse_request
 from gateway.serving.admission import admit
 from gateway.state import STATE
-
-
-def trace_context(request: web.Request) -> dict | None:
-    """The client's W3C trace context, continued by the request's span."""
-    headers = {k: request.headers[k] for k in ("traceparent", "tracestate")
-               if k in request.headers}
-    return headers or None
-
-
-async def read_json(request: web.Request, timeout: float | None = None):
-    """The decoded body: 415 unless sent as JSON (a web page can post text/plain to a local
-    gateway without asking first), 413 over the limit, 408 if it trickles in slower than
-    `timeout`."""
-    if request.content_type != "application/json":
-        raise APIError(415, f"the body must be sent as Content-Type: application/json, not "
-                       f"{request.headers.get('Content-Type', 'none')[:100]!r}",
-                       code="unsupported_media_type")
-    try:
-        raw = await asyncio.wait_for(request.read(), timeout)  # over client_max_size: 413
-    except TimeoutError:
-        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
-                       code="body_timeout") from None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
 
 
 async def generate(request: web.Request, kind: str):
@@ -53,7 +29,8 @@ async def generate(request: web.Request, kind: str):
     state.request_started()  # a drain waits for this handler
     try:
         body = await read_json(request, state.config.body_timeout_seconds)
-        gen = await admit(state, key, parse_request(kind, body), body, trace_context(request))
+        req = parse_request(kind, body, state.sampling_defaults)
+        gen = await admit(state, key, req, body, trace_context(request))
         if gen.request.stream:
             return await stream_sse(request, state, gen)
         return await respond_json(state, gen)
@@ -93,10 +70,16 @@ async def completions(request: web.Request):
 
 
 async def models(request: web.Request):
+    """One card per served name (aliases too), as vLLM lists them, with what the model
+    does for omitted sampling fields."""
     state = request.app[STATE]
+    service = state.service
     return json_response({"object": "list", "data": [
-        {"id": state.model_name, "object": "model", "created": int(state.started_at),
-         "owned_by": "inferstack"}]})
+        {"id": name, "object": "model", "created": int(state.started_at),
+         "owned_by": "inferstack", "root": state.model_root, "parent": None,
+         "max_model_len": service.max_model_len if service is not None else None,
+         "sampling_defaults": state.sampling_defaults if service is not None else None}
+        for name in state.served_names]})
 
 
 async def health(request: web.Request):
@@ -130,7 +113,7 @@ async def metrics(request: web.Request):
 
 
 async def openapi(request: web.Request):
-    return json_response(build_openapi(request.app[STATE].model_name))
+    return json_response(build_openapi(request.app[STATE].served_names))
 
 
 def add_routes(app: web.Application) -> None:
@@ -144,3 +127,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/openapi.json", openapi)
     app.router.add_get("/admin/usage", usage)
     app.router.add_get("/admin/telemetry", telemetry_handler)
+    add_tokenize_routes(app)
+    add_responses_routes(app)

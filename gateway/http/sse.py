@@ -30,6 +30,12 @@ def encode_event(obj) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
+def encode_named_event(name: str, obj) -> bytes:
+    """An event with an `event:` line before its data, as the Responses API streams them
+    (clients may dispatch on the name without parsing the JSON)."""
+    return b"event: " + name.encode() + b"\n" + encode_event(obj)
+
+
 async def open_sse(request: web.Request,
                    headers: Mapping[str, str] | None = None) -> web.StreamResponse:
     """Send the 200 and the SSE headers (plus `headers`, e.g. x-request-id) to the client."""

@@ -120,7 +120,8 @@ class Connection:
         body = message.get("body")
         if isinstance(body, dict):
             body = {**body, "stream": True}
-        req = parse_request("chat" if endpoint == "chat" else "completion", body)
+        req = parse_request("chat" if endpoint == "chat" else "completion", body,
+                            self.state.sampling_defaults)
         service = self.state.require_service()  # 503 until a worker is ready
         gen = await admit(self.state, self.key, req, body)
         watcher = asyncio.create_task(self._report_position(rid, gen))

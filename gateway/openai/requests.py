@@ -10,7 +10,9 @@ import the whole OpenAI surface from one module.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from gateway.errors import APIError, bad_request, from_runtime_error
@@ -58,6 +60,9 @@ MAX_TEMPERATURE = 2.0
 # empty message renders to a few tokens, so more than this cannot fit any context we serve
 MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 64
+# sampling values for the fields a request omits: field name -> value (the model's defaults)
+Defaults = Mapping[str, float | int]
+NO_DEFAULTS: Defaults = MappingProxyType({})  # OpenAI's own: temperature 1 and nothing else
 # fields that change what the model must produce; ignoring them would return a wrong answer
 UNSUPPORTED = ("tools", "functions", "logit_bias", "suffix")
 
@@ -92,16 +97,19 @@ class GenerationRequest:
             raise from_runtime_error(exc) from None
 
 
-def parse_request(kind: str, body: Any) -> GenerationRequest:
-    """Dispatch on the endpoint: "chat" (/v1/chat/completions) or "completion" (/v1/completions)."""
+def parse_request(kind: str, body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
+    """Dispatch on the endpoint: "chat" (/v1/chat/completions) or "completion" (/v1/completions).
+
+    `defaults` fill the sampling fields the body omits (the model's, runtime/sampling_defaults.py);
+    a field the body sends, even at OpenAI's default value, is taken as sent."""
     if kind == "chat":
-        return parse_chat_request(body)
+        return parse_chat_request(body, defaults)
     if kind == "completion":
-        return parse_completion_request(body)
+        return parse_completion_request(body, defaults)
     raise ValueError(f"unknown request kind {kind!r}")  # a caller's bug, not the client's
 
 
-def parse_chat_request(body: Any) -> GenerationRequest:
+def parse_chat_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
     body = _require_object(body)
     messages = _read_messages(body)
     # max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API
@@ -111,10 +119,10 @@ def parse_chat_request(body: Any) -> GenerationRequest:
     top_logprobs = read_int(body, "top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
     if top_logprobs and not logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    return _build(body, "chat", max_tokens, logprobs, top_logprobs, messages=messages)
+    return _build(body, "chat", max_tokens, logprobs, top_logprobs, defaults, messages=messages)
 
 
-def parse_completion_request(body: Any) -> GenerationRequest:
+def parse_completion_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
     body = _require_object(body)
     prompt = _read_prompt(body)
     max_tokens = read_int(body, "max_tokens", None, lo=1)
@@ -122,18 +130,21 @@ def parse_completion_request(body: Any) -> GenerationRequest:
     top_logprobs = read_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
     echo = read_bool(body, "echo", False)
     return _build(body, "completion", max_tokens, top_logprobs is not None, top_logprobs or 0,
-                  prompt=prompt, echo=echo)
+                  defaults, prompt=prompt, echo=echo)
 
 
 def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_logprobs: int,
-           **fields) -> GenerationRequest:
+           defaults: Defaults, **fields) -> GenerationRequest:
     """The fields both endpoints share, then the runtime's own validation of the sampling ones."""
     _reject_unsupported(body)
     stream = read_bool(body, "stream", False)
     stream_options = read_object(body, "stream_options")
     if stream_options and not stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    params = _sampling_params(body, max_tokens or 1, logprobs, top_logprobs)
+    if stream and body.get("prompt_logprobs") is not None:  # as vLLM: they come in one piece
+        raise bad_request("prompt_logprobs are not available when stream is true",
+                          "prompt_logprobs")
+    params = _sampling_params(body, max_tokens or 1, logprobs, top_logprobs, defaults)
     return GenerationRequest(
         kind=kind, model=read_str(body, "model", None), max_tokens=max_tokens, params=params,
         messages=fields.get("messages"), prompt=fields.get("prompt"),
@@ -145,22 +156,28 @@ def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_lo
 
 
 def _sampling_params(body: dict, max_tokens: int, logprobs: bool,
-                     top_logprobs: int) -> SamplingParams:
+                     top_logprobs: int, defaults: Defaults) -> SamplingParams:
     # types and our own bounds here; SamplingParams checks the rest and names the same params
+    def default(name: str, openai: float) -> Any:
+        return defaults.get(name, openai)
+
     kwargs: dict[str, Any] = dict(
         max_tokens=max_tokens,
-        temperature=read_number(body, "temperature", 1.0, lo=0.0, hi=MAX_TEMPERATURE),
-        top_p=read_number(body, "top_p", 1.0),
-        top_k=read_int(body, "top_k", 0),
-        min_p=read_number(body, "min_p", 0.0),
+        temperature=read_number(body, "temperature", default("temperature", 1.0), lo=0.0,
+                                hi=MAX_TEMPERATURE),
+        top_p=read_number(body, "top_p", default("top_p", 1.0)),
+        top_k=read_int(body, "top_k", default("top_k", 0)),
+        min_p=read_number(body, "min_p", default("min_p", 0.0)),
         seed=read_int(body, "seed", None, lo=MIN_SEED, hi=MAX_SEED),
         presence_penalty=read_number(body, "presence_penalty", 0.0),
         frequency_penalty=read_number(body, "frequency_penalty", 0.0),
-        repetition_penalty=read_number(body, "repetition_penalty", 1.0),
+        repetition_penalty=read_number(body, "repetition_penalty",
+                                       default("repetition_penalty", 1.0)),
         stop=read_str_list(body, "stop", MAX_STOP_STRINGS),
         stop_token_ids=read_int_list(body, "stop_token_ids", MAX_STOP_TOKEN_IDS),
         ignore_eos=read_bool(body, "ignore_eos", False),
-        logprobs=logprobs, top_logprobs=top_logprobs)
+        logprobs=logprobs, top_logprobs=top_logprobs,
+        prompt_logprobs=read_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS))
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:

@@ -44,6 +44,31 @@ class ChoiceResult:
     finish_reason: str | None
     logprobs: Sequence[LogprobToken] | None = None
     text_offset: int = 0
+    prompt_logprobs: list | None = None  # vLLM's shape (prompt_logprobs_entries), when asked
+
+
+def prompt_logprobs_entries(entries: Sequence, token_text) -> list:
+    """vLLM's `prompt_logprobs`: None for the first prompt token, then for each token a dict
+    keyed by token id (a string in JSON) of {logprob, rank, decoded_token}: the prompt's own
+    token with its rank (1 + how many tokens were likelier), then the top alternatives, ranked
+    1, 2, ... (the prompt's token appears once, under its own rank, when it is among them).
+
+    `entries` come from the worker: [token, logprob, rank, [[id, logprob], ...]] or None."""
+    out: list = []
+    for entry in entries:
+        if entry is None:
+            out.append(None)
+            continue
+        token, logprob, rank, top = entry
+        scored = {str(token): _scored(logprob, rank, token_text(token))}
+        for position, (other, other_logprob) in enumerate(top, start=1):
+            scored.setdefault(str(other), _scored(other_logprob, position, token_text(other)))
+        out.append(scored)
+    return out
+
+
+def _scored(logprob: float, rank: int, text: str) -> dict:
+    return {"logprob": _finite(logprob), "rank": rank, "decoded_token": text}
 
 
 def new_id(kind: str) -> str:
@@ -63,8 +88,9 @@ def usage_dict(prompt_tokens: int, cached_tokens: int, completion_tokens: int,
 
 # logprobs
 
-def _finite(logprob: float) -> float:
-    return logprob if math.isfinite(logprob) else MIN_LOGPROB
+def _finite(logprob: float | None) -> float:
+    """-inf (sent by the worker as null: JSON has no infinity) becomes OpenAI's floor."""
+    return logprob if logprob is not None and math.isfinite(logprob) else MIN_LOGPROB
 
 
 def _bytes(text: str, raw: bytes | None = None) -> list[int]:
@@ -142,24 +168,34 @@ def completion_usage_chunk(id: str, model: str, created: int, usage: dict) -> di
 
 def chat_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
                   usage: dict) -> dict:
-    return {"id": id, "object": "chat.completion", "created": created, "model": model,
+    body = {"id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": c.index,
                          "message": {"role": "assistant", "content": c.text},
                          "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
                          "finish_reason": c.finish_reason} for c in choices],
             "usage": usage}
+    if choices and choices[0].prompt_logprobs is not None:  # vLLM: once, beside the choices
+        body["prompt_logprobs"] = choices[0].prompt_logprobs
+    return body
 
 
 def completion_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
                         usage: dict) -> dict:
     return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": c.index, "text": c.text,
-                         "logprobs": None if c.logprobs is None
-                         else completion_logprobs(c.logprobs, c.text_offset),
-                         "finish_reason": c.finish_reason} for c in choices],
-            "usage": usage}
+            "choices": [_completion_choice(c) for c in choices], "usage": usage}
+
+
+def _completion_choice(c: ChoiceResult) -> dict:
+    choice = {"index": c.index, "text": c.text,
+              "logprobs": None if c.logprobs is None
+              else completion_logprobs(c.logprobs, c.text_offset),
+              "finish_reason": c.finish_reason}
+    if c.prompt_logprobs is not None:  # vLLM's extension, only when asked for
+        choice["prompt_logprobs"] = c.prompt_logprobs
+    return choice
 
 
 __all__ = ["MIN_LOGPROB", "LogprobToken", "ChoiceResult", "new_id", "usage_dict",
+           "prompt_logprobs_entries",
            "chat_logprobs", "completion_logprobs", "chat_chunk", "completion_chunk",
            "chat_usage_chunk", "completion_usage_chunk", "chat_response", "completion_response"]

@@ -3,16 +3,17 @@ model, tokenization and context checks, the time-to-first-token deadline, the ra
 budget reservation and the fair-share start. A refusal at any point leaves nothing behind."""
 from __future__ import annotations
 
-from gateway.errors import bad_request, not_found, rate_limited
+from gateway.errors import APIError, bad_request, rate_limited
 
 SHARED_CACHE_SALT = "shared-namespace"  # the opt-in public prefix-cache namespace
 
 
-async def admit(state, key, req, body, trace_headers: dict | None = None):
-    """Tenant checks, tokenization and admission: everything before the queue."""
+async def admit(state, key, req, body, trace_headers: dict | None = None,
+                request_id: str | None = None):
+    """Tenant checks, tokenization and admission: everything before the queue. `request_id`
+    names the record when the endpoint has its own id scheme (the Responses API's resp_...)."""
     tenant = key.tenant
-    if not tenant.allows_model(req.model):
-        raise not_found(f"model {req.model!r} is not available to this key", param="model")
+    check_model(state, tenant, req.model)
     state.accounting.admit_request(key)  # before the work a refusal could make us do
     salt = key.cache_salt
     if isinstance(body, dict) and body.get("cache_scope") == "shared":
@@ -22,13 +23,29 @@ async def admit(state, key, req, body, trace_headers: dict | None = None):
         salt = SHARED_CACHE_SALT
     priority = max(req.priority, tenant.priority)  # never more urgent than the tenant's class
     service = state.service
-    gen = await service.prepare(req, salt=salt, priority=priority)
+    gen = await service.prepare(req, salt=salt, priority=priority, request_id=request_id)
     gen.model_name = state.model_name
     gen.trace_headers = trace_headers
     check_deadline(state, body, priority)
     state.accounting.admit(gen, key)
     service.enqueue(gen)
     return gen
+
+
+def check_model(state, tenant, model: str | None) -> None:
+    """404 for a model this gateway does not serve (never serve and bill another one), or one
+    the tenant may not use. No model named means the served one."""
+    if model is not None and model not in state.served_names:
+        raise model_not_found(f"The model `{model[:200]}` does not exist. This server serves "
+                              f"{', '.join(state.served_names)}.")
+    if not tenant.allows_model(state.served_names):
+        raise model_not_found(f"The model `{model or state.model_name}` is not available to "
+                              f"this key.")
+
+
+def model_not_found(message: str) -> APIError:
+    """OpenAI's answer for a model it does not have (status 404, code model_not_found)."""
+    return APIError(404, message, "invalid_request_error", "model", code="model_not_found")
 
 
 def check_deadline(state, body, priority: int) -> None:

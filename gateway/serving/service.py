@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gateway.errors import APIError, bad_request, rate_limited, server_error
 from gateway.openai.requests import GenerationRequest
-from gateway.openai.responses import LogprobToken, new_id
+from gateway.openai.responses import LogprobToken, new_id, prompt_logprobs_entries
 from gateway.serving.dispatch import Dispatcher, DispatchFailed
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.serving.queue import QueueFull
@@ -31,6 +31,7 @@ class ChoiceDelta:
     token_ids: list[int]
     logprobs: list[LogprobToken] | None
     finish_reason: str | None  # set on the choice's last delta
+    prompt_logprobs: list | None = None  # on the choice's first delta, when asked for
 
 
 # texts longer than this are tokenized off the event loop: a thread hop costs about 50 us,
@@ -85,39 +86,57 @@ class GenerationService:
                                request.priority if priority is None else priority, salt,
                                OutputStream(self.stream_buffer_bytes))
 
-    async def _tokenize(self, request: GenerationRequest) -> tuple[str, list[int]]:
+    async def tokenize(self, request: GenerationRequest, add_generation_prompt: bool = True,
+                       add_special_tokens: bool = False) -> list[int]:
+        """The prompt's token ids exactly as `prepare` makes them (for /tokenize)."""
+        _, ids = await self._tokenize(request, add_generation_prompt, add_special_tokens)
+        return ids
+
+    def detokenize(self, ids: tuple[int, ...]) -> str:
+        self._check_vocabulary(ids, "tokens")
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    async def _tokenize(self, request: GenerationRequest, add_generation_prompt: bool = True,
+                        add_special_tokens: bool = False) -> tuple[str, list[int]]:
         if request.kind == "chat":
             messages = list(request.messages)
             self._check_no_special_tokens(messages)
             # refused on its size before the template runs: rendering costs per message
             self._check_fits(sum(_utf8_size(m["content"]) for m in messages), "messages")
-            text = await self._render(messages)
+            text = await self._render(messages, add_generation_prompt)
             return text, await self._encode(text, "messages")
         if isinstance(request.prompt, str):
-            return request.prompt, await self._encode(request.prompt, "prompt")
+            return request.prompt, await self._encode(request.prompt, "prompt",
+                                                      add_special_tokens)
         ids = list(request.prompt)
         if len(ids) >= self.max_model_len:  # before any per-token work
             raise self._too_long(len(ids), "prompt")
-        for i, t in enumerate(ids):
-            if not 0 <= t < self.vocab_size:
-                raise bad_request(f"prompt token {i} is {t}, outside the vocabulary "
-                                  f"[0, {self.vocab_size})", param="prompt")
+        self._check_vocabulary(ids, "prompt")
         return self.tokenizer.decode(ids, skip_special_tokens=False), ids
 
-    async def _render(self, messages: list[dict]) -> str:
+    def _check_vocabulary(self, ids, param: str) -> None:
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.vocab_size:
+                raise bad_request(f"{param}[{i}] is token {t}, outside the vocabulary "
+                                  f"[0, {self.vocab_size})", param=param)
+
+    async def _render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """The chat template, in a thread when the conversation is long: Jinja takes about
         10 us a message, and the event loop serves every other stream meanwhile."""
+        render = self.tokenizer.apply_chat_template
         if len(messages) <= THREAD_RENDER_MESSAGES and \
                 sum(len(m["content"]) for m in messages) <= THREAD_TOKENIZE_BYTES:
-            return self.tokenizer.apply_chat_template(messages)
-        return await asyncio.to_thread(self.tokenizer.apply_chat_template, messages)
+            return render(messages, add_generation_prompt)
+        return await asyncio.to_thread(render, messages, add_generation_prompt)
 
-    async def _encode(self, text: str, param: str) -> list[int]:
+    async def _encode(self, text: str, param: str, add_special_tokens: bool = False) -> list[int]:
         """Tokenize, refusing first (cheaply) a text too long to fit whatever its tokens, so
         the cost stays bounded by the context. A long text is tokenized in a thread without
         the GIL (about 0.6 ms per kB on one core): every other stream goes on meanwhile."""
         size = _utf8_size(text)
         self._check_fits(size, param)
+        if add_special_tokens:
+            return await asyncio.to_thread(self.tokenizer.encode, text, True)
         if size <= THREAD_TOKENIZE_BYTES:
             return self.tokenizer.encode(text)
         return await asyncio.to_thread(self.tokenizer.encode_without_gil, text)
@@ -204,20 +223,23 @@ class GenerationService:
             raise APIError(408, f"the client left more than {self.stream_buffer_bytes} bytes "
                            "of output unread; the request was stopped and is billed for what "
                            "it produced", code="slow_reader")
+        prompt = item.get("prompt_logprobs")
         return ChoiceDelta(i, item["text"], item["tokens"], self._logprobs(item),
-                           item["reason"] if item["finished"] else None)
+                           item["reason"] if item["finished"] else None,
+                           None if prompt is None
+                           else prompt_logprobs_entries(prompt, self.token_text))
 
     def _logprobs(self, item: dict) -> list[LogprobToken] | None:
         if item.get("logprobs") is None:
             return None
         out = []
         for token_id, logprob, top in item["logprobs"]:
-            alternatives = tuple((self._token_text(t), lp) for t, lp in top)
-            out.append(LogprobToken(self._token_text(token_id), logprob, alternatives,
+            alternatives = tuple((self.token_text(t), lp) for t, lp in top)
+            out.append(LogprobToken(self.token_text(token_id), logprob, alternatives,
                                     self.tokenizer.token_bytes(token_id)))
         return out
 
-    def _token_text(self, token_id: int) -> str:
+    def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 

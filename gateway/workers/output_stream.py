@@ -21,6 +21,9 @@ def output_cost(item) -> int:
     cost = 200 + len(item.get("text") or "") + 36 * len(item.get("tokens") or ())
     for entry in item.get("logprobs") or ():
         cost += 100 + 124 * len(entry[2])
+    # prompt_logprobs are not counted: they come once, on the first output, sized by the
+    # request itself (at most the context times 21 entries); counting them would cut off a
+    # long prompt's answer as if its reader were slow before it had a chance to read
     return cost
 
 

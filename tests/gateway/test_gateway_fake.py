@@ -26,7 +26,7 @@ def client(gw):
 
 
 def test_openai_client_chat_non_streaming(client):
-    r = client.chat.completions.create(model="any", max_tokens=4,
+    r = client.chat.completions.create(model="fake-smollm2", max_tokens=4,
                                        messages=[{"role": "user", "content": "Hello"}])
     assert r.choices[0].message.content == " The quick brown fox"
     assert r.choices[0].finish_reason == "length"
@@ -37,7 +37,7 @@ def test_openai_client_chat_non_streaming(client):
 
 def test_openai_client_chat_streaming_with_usage(client):
     stream = client.chat.completions.create(
-        model="any", max_tokens=6, stream=True, stream_options={"include_usage": True},
+        model="fake-smollm2", max_tokens=6, stream=True, stream_options={"include_usage": True},
         messages=[{"role": "user", "content": "Stream please"}])
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -48,15 +48,16 @@ def test_openai_client_chat_streaming_with_usage(client):
 
 
 def test_openai_client_completions_both_ways(client):
-    r = client.completions.create(model="any", prompt="Once", max_tokens=3, n=2)
+    r = client.completions.create(model="fake-smollm2", prompt="Once", max_tokens=3, n=2)
     assert [c.text for c in r.choices] == [" The quick brown"] * 2
     assert r.usage.completion_tokens == 6
-    stream = client.completions.create(model="any", prompt="Once", max_tokens=3, stream=True)
+    stream = client.completions.create(model="fake-smollm2", prompt="Once", max_tokens=3,
+                                       stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices) == " The quick brown"
 
 
 def test_stop_string_and_echo(client):
-    r = client.completions.create(model="any", prompt="Once", max_tokens=20, stop=[" fox"],
+    r = client.completions.create(model="fake-smollm2", prompt="Once", max_tokens=20, stop=[" fox"],
                                   echo=True)
     assert r.choices[0].text == "Once The quick brown"
     assert r.choices[0].finish_reason == "stop"

@@ -3,6 +3,8 @@ import pytest
 
 from tests.gateway.server import GatewayProcess
 
+MODEL = "SmolLM2-135M-Instruct"  # the model file's name: what the gateway serves it as
+
 pytestmark = pytest.mark.model
 
 
@@ -17,12 +19,12 @@ def test_chat_answer_mentions_paris(gw):
     import openai
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    r = client.chat.completions.create(model="SmolLM2", messages=question, max_tokens=40,
+    r = client.chat.completions.create(model=MODEL, messages=question, max_tokens=40,
                                        temperature=0)
     assert "Paris" in r.choices[0].message.content
     assert r.usage.prompt_tokens > 20
 
-    stream = client.chat.completions.create(model="SmolLM2", messages=question, max_tokens=40,
+    stream = client.chat.completions.create(model=MODEL, messages=question, max_tokens=40,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True})
     chunks = list(stream)
@@ -36,7 +38,7 @@ def test_chat_answer_mentions_paris(gw):
 def test_logprobs_and_seeded_sampling(gw):
     import openai
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key="unused", max_retries=0)
-    kwargs = dict(model="SmolLM2", prompt="The three primary colours are", max_tokens=8,
+    kwargs = dict(model=MODEL, prompt="The three primary colours are", max_tokens=8,
                   temperature=0.9, seed=11, logprobs=2)
     a = client.completions.create(**kwargs)
     b = client.completions.create(**kwargs)
@@ -44,3 +46,30 @@ def test_logprobs_and_seeded_sampling(gw):
     lp = a.choices[0].logprobs
     assert len(lp.tokens) == 8 and all(x <= 0 for x in lp.token_logprobs)
     assert all(len(t) >= 1 for t in lp.top_logprobs)
+
+
+def readme_quick_start_body() -> dict:
+    """The JSON body of the README's first curl, exactly as a newcomer would send it."""
+    import json
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return json.loads(re.search(r"-d '(\{.*?\})'", quick_start, re.S).group(1))
+
+
+def test_the_readme_quick_start_answers_sensibly(gw):
+    """No sampling fields in the body: the model's defaults apply, and the answer is right."""
+    import json
+
+    import requests
+    body = readme_quick_start_body()
+    assert not {"temperature", "top_p", "top_k", "min_p", "seed"} & set(body)
+    with requests.post(gw.url + "/v1/chat/completions", json=body, stream=True,
+                       timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+                   for e in events if json.loads(e)["choices"])
+    assert "Paris" in text, text

@@ -22,7 +22,8 @@ def test_document_covers_every_route_and_resolves_refs():
     doc = orjson.loads(orjson.dumps(build_openapi("smol")))
     assert doc["openapi"] == "3.1.0"
     assert set(doc["paths"]) == {"/v1/chat/completions", "/v1/completions", "/v1/models",
-                                 "/v1/ws", "/health", "/ready", "/metrics"}
+                                 "/v1/ws", "/health", "/ready", "/metrics", "/tokenize",
+                                 "/detokenize", "/v1/responses", "/v1/responses/{response_id}"}
     schemas = doc["components"]["schemas"]
     for ref in _refs(doc):
         assert ref.removeprefix("#/components/schemas/") in schemas, ref

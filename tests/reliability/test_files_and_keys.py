@@ -192,10 +192,10 @@ def test_reload_keys_logs_the_file_and_line_and_keeps_the_store(tmp_path, caplog
 def test_signals_during_a_reload_fold_into_one_more_read(tmp_path, monkeypatch):
     running, reads = [0], []  # per read: how many were running, itself included
 
-    def slow_reload(path, current):
+    def slow_reload(path, current, served_models=None):
         running[0] += 1
         reads.append(running[0])
-        store = KeyStore.from_toml(path)
+        store = KeyStore.from_toml(path, served_models)
         time.sleep(0.3)
         running[0] -= 1
         return store

@@ -1,0 +1,36 @@
+"""Reading a request: its JSON body (415, 413, 408 and 400 as OpenAI error bodies) and the
+client's trace context."""
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from aiohttp import web
+
+from gateway.errors import APIError, bad_request
+
+
+def trace_context(request: web.Request) -> dict | None:
+    """The client's W3C trace context, continued by the request's span."""
+    headers = {k: request.headers[k] for k in ("traceparent", "tracestate")
+               if k in request.headers}
+    return headers or None
+
+
+async def read_json(request: web.Request, timeout: float | None = None):
+    """The decoded body: 415 unless sent as JSON (a web page can post text/plain to a local
+    gateway without asking first), 413 over the limit, 408 if it trickles in slower than
+    `timeout`."""
+    if request.content_type != "application/json":
+        raise APIError(415, f"the body must be sent as Content-Type: application/json, not "
+                       f"{request.headers.get('Content-Type', 'none')[:100]!r}",
+                       code="unsupported_media_type")
+    try:
+        raw = await asyncio.wait_for(request.read(), timeout)  # over client_max_size: 413
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s",
+                       code="body_timeout") from None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None

@@ -1,0 +1,195 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}: the OpenAI Responses API.
+
+A Responses request is a chat request in another shape: it is parsed into one, admitted,
+queued, metered, settled and written to the ledger by the very path /v1/chat/completions
+takes (`admit`, the in-flight record, the accounting), under the same stream guard. Only the
+answer differs: a Response object, or its typed events over SSE with `event:` lines. Its id
+(resp_...) is the request's id everywhere: the ledger row, the trace and x-request-id.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from gateway.billing.keys import ApiKey
+from gateway.errors import APIError, bad_request
+from gateway.http.auth import authenticate
+from gateway.http.completions import InterTokenClock, StreamGuard, response_headers, usage_of
+from gateway.http.error_middleware import json_response
+from gateway.http.request_body import read_json, trace_context
+from gateway.http.sse import SSEStream, encode_named_event
+from gateway.openai.requests import GenerationRequest, parse_chat_request
+from gateway.openai.responses_api import (
+    ResponseEvents,
+    ResponseShell,
+    ResponsesRequest,
+    new_response_id,
+    parse_responses_request,
+    response_shell,
+    responses_usage,
+    status_of,
+)
+from gateway.serving.accounting import wait_committed
+from gateway.serving.admission import admit
+from gateway.serving.inflight import InFlightRequest
+from gateway.state import STATE, GatewayState
+
+
+def chat_request(state: GatewayState, chat_body: dict) -> GenerationRequest:
+    """The one call into the chat parser: its sampling checks and the model's sampling
+    defaults apply unchanged."""
+    return parse_chat_request(chat_body, state.sampling_defaults)
+
+
+@dataclass
+class Turn:
+    """One Responses request on its way: what it asked, the conversation it continues and
+    the shell of its answer."""
+
+    state: GatewayState
+    tenant: str
+    req: ResponsesRequest
+    history: tuple[dict, ...]  # the stored conversation of previous_response_id
+    shell: ResponseShell
+
+    def finish(self, gen: InFlightRequest, text: str) -> dict:
+        """The final Response object; stored (when asked) before the client sees it, so the
+        client may chain the next request on it at once."""
+        usage = responses_usage(usage_of(gen))
+        response = self.shell.build(status_of(gen.finish_reasons.get(0)), text, usage)
+        if response["store"]:
+            answer = {"role": "assistant", "content": text}
+            self.state.response_store.put(self.tenant, response,
+                                          (*self.history, *self.req.messages, answer))
+        return response
+
+
+async def admit_turn(state: GatewayState, key: ApiKey, body, trace: dict | None):
+    """Parse, continue the stored conversation and admit: a refusal names the Responses
+    param it came from."""
+    req = parse_responses_request(body)
+    history = state.response_store.history(key.tenant.name, req.previous_response_id)
+    response_id = new_response_id()
+    try:
+        chat = chat_request(state, req.chat_body(history))
+        gen = await admit(state, key, chat, body, trace, request_id=response_id)
+    except APIError as exc:
+        raise req.renamed(exc, len(history)) from None
+    stored = req.store and state.response_store.enabled
+    shell = response_shell(response_id, req, chat, state.model_name, stored)
+    return Turn(state, key.tenant.name, req, history, shell), gen
+
+
+async def create_response(request: web.Request):
+    state = request.app[STATE]
+    key = authenticate(request, state.keys)
+    state.require_service()  # 503 until a worker is ready, and while draining
+    state.request_started()  # a drain waits for this handler
+    try:
+        body = await read_json(request, state.config.body_timeout_seconds)
+        turn, gen = await admit_turn(state, key, body, trace_context(request))
+        if turn.req.stream:
+            return await ResponseStream(request, turn, gen).run()
+        return await respond_json(turn, gen)
+    finally:
+        state.request_ended()
+
+
+async def respond_json(turn: Turn, gen: InFlightRequest) -> web.Response:
+    texts = [delta.text async for delta in turn.state.service.stream(gen)]
+    await wait_committed(gen)  # the bill is durable before the client sees the answer
+    return json_response(turn.finish(gen, "".join(texts)), headers=response_headers(gen))
+
+
+def encode(events: list[dict]) -> bytes:
+    return b"".join(encode_named_event(e["type"], e) for e in events)
+
+
+class ResponseStream:
+    """One streamed response. It opens lazily, so a refusal before the first event keeps its
+    HTTP status; once open, an error becomes an `error` event and response.failed."""
+
+    def __init__(self, request: web.Request, turn: Turn, gen: InFlightRequest):
+        self.request, self.turn, self.gen = request, turn, gen
+        self.state = turn.state
+        self.events = ResponseEvents(turn.shell)
+        self.sse: SSEStream | None = None
+        self.opening = asyncio.Lock()
+        self.texts: list[str] = []
+
+    async def open(self) -> SSEStream:
+        async with self.opening:  # the keep-alive task may race the first delta
+            if self.sse is None:
+                sse = await SSEStream.open(self.request, response_headers(self.gen))
+                self.state.open_responses.add(sse.response)
+                self.sse = sse
+                await sse.send_bytes(encode(self.events.opening()))
+        return self.sse
+
+    async def send(self, make: Callable[..., list[dict]], *args) -> bool:
+        """Send the events `make(*args)` returns, made after the opening ones so that their
+        sequence numbers follow; False when the client is gone."""
+        sse = await self.open()
+        return await sse.send_bytes(encode(make(*args)))
+
+    async def keepalive(self) -> bool:
+        return await (await self.open()).keepalive()
+
+    async def run(self) -> web.StreamResponse:
+        config = self.state.config
+        guard = StreamGuard(config.keepalive_seconds, config.send_timeout_seconds,
+                            self.keepalive, lambda: self.sse)
+        try:
+            await self._stream(guard)
+            return self.sse.response
+        except APIError as exc:
+            if self.sse is None:
+                raise
+            await self.send(self.events.failed, exc, "".join(self.texts))
+            return self.sse.response
+        finally:
+            await guard.stop()
+            if self.sse is not None:
+                self.state.open_responses.discard(self.sse.response)
+
+    async def _stream(self, guard: StreamGuard) -> None:
+        itl = InterTokenClock(self.state)
+        async for delta in self.state.service.stream(self.gen):
+            guard.touch()
+            self.texts.append(delta.text)
+            if delta.text and not await self.send(self.events.delta, delta.text):
+                return  # the client is gone: leaving the loop aborts the job
+            itl.tick(len(delta.token_ids))
+        text = "".join(self.texts)
+        status = status_of(self.gen.finish_reasons.get(0))
+        if not await self.send(self.events.closing, text, status):
+            return
+        await wait_committed(self.gen)  # the bill is durable before the client sees it final
+        await self.send(self.events.final, self.turn.finish(self.gen, text))
+
+
+async def get_response(request: web.Request):
+    state = request.app[STATE]
+    key = authenticate(request, state.keys)
+    if request.query.get("stream", "false") != "false":
+        raise bad_request("stream is not supported here: a stored response is returned "
+                          "whole", "stream")
+    stored = state.response_store.get(key.tenant.name, request.match_info["response_id"])
+    return json_response(stored.response)
+
+
+async def delete_response(request: web.Request):
+    state = request.app[STATE]
+    key = authenticate(request, state.keys)
+    response_id = request.match_info["response_id"]
+    state.response_store.delete(key.tenant.name, response_id)
+    return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+def add_responses_routes(app: web.Application) -> None:
+    app.router.add_post("/v1/responses", create_response)
+    app.router.add_get("/v1/responses/{response_id}", get_response)
+    app.router.add_delete("/v1/responses/{response_id}", delete_response)
