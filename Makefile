@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: venv run test soak bench info clean demo
+.PHONY: venv services run test soak bench info clean demo
 
 venv: $(STAMP)
 
@@ -23,7 +23,12 @@ run: venv
 info: venv
 	$(PY) -m runtime info
 
-test: venv
+# real servers the tests start on loopback (Prometheus), from the distribution's packages when
+# missing; installing needs root, as on CI (elsewhere the tests that need it say how)
+services: venv
+	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.prometheus install
+
+test: venv services
 	$(PY) -m pytest -q
 
 # the long reliability soak (3 minutes; RELIABILITY_SOAK_MINUTES=30 for the full one)

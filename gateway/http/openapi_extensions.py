@@ -60,7 +60,7 @@ def extension_schemas(model: dict) -> dict:
 
 def extension_paths(errors) -> dict:
     """`errors(*statuses)` builds the error responses, shared with the main document."""
-    secured = {"security": [{"bearer": []}]}
+    secured: dict = {"security": [{"bearer": []}]}
     return {
         "/tokenize": {"post": {**secured, "summary": "Tokenize a prompt or a chat (vLLM)",
                                "requestBody": _json_body("TokenizeRequest"),

@@ -58,6 +58,10 @@ class GatewayMetrics:
                                   label + ["worker", "position"], registry=r)
         self.workers_alive = Gauge("inferstack:workers_alive", "Workers ready to serve", label,
                                    registry=r)
+        # the devices paid for, alive or restarting: the divisor of revenue per GPU-hour
+        self.workers = Gauge("inferstack:workers",
+                             "Worker processes, one per GPU (or CPU device), alive or not",
+                             label, registry=r)
         self.revenue = Counter("inferstack:revenue_usd", "Billed dollars by kind and tenant",
                                label + ["kind", "tenant"], registry=r)
         self.tenant_tokens = Counter("inferstack:tenant_tokens", "Billed tokens by kind and tenant",
@@ -126,6 +130,7 @@ class GatewayMetrics:
         self.running.labels(m).set(running)
         self.waiting.labels(m).set(waiting + queue_length)
         self.workers_alive.labels(m).set(alive)
+        self.workers.labels(m).set(len(workers))
         self.worker_restarts.labels(m).set(restarts)
 
     def render(self) -> bytes:
