@@ -10,6 +10,23 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0)
 
 
+class WorkerCounter:
+    """A counter fed from each worker's own running total (sent with its statistics): it
+    grows by what the total grew since the last look. A restarted worker counts from 0
+    again, and then all of its new total is new."""
+
+    def __init__(self, name: str, doc: str, labels: list[str], registry: CollectorRegistry,
+                 extra: list[str] | None = None):
+        self.counter = Counter(name, doc, labels + ["worker"] + (extra or []), registry=registry)
+        self.last: dict[tuple, float] = {}
+
+    def follow(self, key: tuple, total: float) -> None:
+        before = self.last.get(key, 0.0)
+        grown = total - before if total >= before else total
+        self.last[key] = total
+        self.counter.labels(*key).inc(grown)
+
+
 class GatewayMetrics:
     def __init__(self, model: str):
         self.model = model
@@ -43,19 +60,20 @@ class GatewayMetrics:
                              registry=r)
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0 to 1",
                               label + ["worker"], registry=r)
-        self.prefix_queries = Gauge("vllm:prefix_cache_queries", "Prefix-cache queries (tokens)",
-                                    label + ["worker"], registry=r)
-        self.prefix_hits = Gauge("vllm:prefix_cache_hits", "Prefix-cache hits (tokens)",
-                                 label + ["worker"], registry=r)
-        self.spec_drafts = Gauge("vllm:spec_decode_num_drafts", "Speculative drafts",
-                                 label + ["worker"], registry=r)
-        self.spec_draft_tokens = Gauge("vllm:spec_decode_num_draft_tokens",
-                                       "Proposed tokens", label + ["worker"], registry=r)
-        self.spec_accepted = Gauge("vllm:spec_decode_num_accepted_tokens", "Accepted tokens",
-                                   label + ["worker"], registry=r)
-        self.spec_per_pos = Gauge("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                  "Accepted tokens by draft position",
-                                  label + ["worker", "position"], registry=r)
+        # counters as vLLM exports them (`..._total`), fed from the workers' running totals
+        self.prefix_queries = WorkerCounter("vllm:prefix_cache_queries",
+                                            "Prefix-cache queries (tokens)", label, r)
+        self.prefix_hits = WorkerCounter("vllm:prefix_cache_hits", "Prefix-cache hits (tokens)",
+                                         label, r)
+        self.spec_drafts = WorkerCounter("vllm:spec_decode_num_drafts", "Speculative drafts",
+                                         label, r)
+        self.spec_draft_tokens = WorkerCounter("vllm:spec_decode_num_draft_tokens",
+                                               "Proposed tokens", label, r)
+        self.spec_accepted = WorkerCounter("vllm:spec_decode_num_accepted_tokens",
+                                           "Accepted tokens", label, r)
+        self.spec_per_pos = WorkerCounter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                          "Accepted tokens by draft position", label, r,
+                                          ["position"])
         self.workers_alive = Gauge("inferstack:workers_alive", "Workers ready to serve", label,
                                    registry=r)
         # the devices paid for, alive or restarting: the divisor of revenue per GPU-hour
@@ -120,13 +138,13 @@ class GatewayMetrics:
             total = s.get("kv_blocks_total") or 0
             idx = str(w.index)
             self.kv_usage.labels(m, idx).set(s.get("kv_blocks_used", 0) / total if total else 0)
-            self.prefix_queries.labels(m, idx).set(s.get("prefix_queries", 0))
-            self.prefix_hits.labels(m, idx).set(s.get("prefix_hits", 0))
-            self.spec_drafts.labels(m, idx).set(s.get("spec_drafts", 0))
-            self.spec_draft_tokens.labels(m, idx).set(s.get("spec_draft_tokens", 0))
-            self.spec_accepted.labels(m, idx).set(s.get("spec_accepted_tokens", 0))
+            self.prefix_queries.follow((m, idx), s.get("prefix_queries", 0))
+            self.prefix_hits.follow((m, idx), s.get("prefix_hits", 0))
+            self.spec_drafts.follow((m, idx), s.get("spec_drafts", 0))
+            self.spec_draft_tokens.follow((m, idx), s.get("spec_draft_tokens", 0))
+            self.spec_accepted.follow((m, idx), s.get("spec_accepted_tokens", 0))
             for pos, n in enumerate(s.get("spec_accepted_per_pos", [])):
-                self.spec_per_pos.labels(m, idx, str(pos)).set(n)
+                self.spec_per_pos.follow((m, idx, str(pos)), n)
         self.running.labels(m).set(running)
         self.waiting.labels(m).set(waiting + queue_length)
         self.workers_alive.labels(m).set(alive)

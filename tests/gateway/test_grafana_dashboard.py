@@ -32,7 +32,7 @@ AFTER_FIRST_REQUEST = {
     "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
     "inferstack:cached_prompt_tokens_total", "inferstack:revenue_usd_total"}
 # the fake engine reports no prefix-cache queries, so hits / queries is 0 / 0 there
-NAN_ON_FAKE_ENGINE = ("vllm:prefix_cache_hits",)
+NAN_ON_FAKE_ENGINE = ("vllm:prefix_cache_hits_total",)
 
 
 def load_dashboard() -> dict:

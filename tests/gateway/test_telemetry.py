@@ -74,7 +74,7 @@ def test_metrics_parse_as_prometheus_text(tmp_path):
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:request_queue_time_seconds", "vllm:num_requests_running",
-                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits",  # a counter: _total
                  "inferstack:revenue_usd", "vllm:generation_tokens"):
         assert name in families, name
     revenue = {s.labels["kind"]: s.value for s in families["inferstack:revenue_usd"].samples
