@@ -151,3 +151,17 @@ def test_slow_feed_consumer_is_dropped_not_waited_on():
     hub, slow, fast = asyncio.run(main())
     assert slow.dropped and slow not in hub.subscribers
     assert not fast.dropped and fast in hub.subscribers
+
+
+def test_worker_counters_grow_by_what_the_totals_grew_and_survive_restarts():
+    from prometheus_client import CollectorRegistry
+
+    from gateway.telemetry.metrics import WorkerCounter
+    registry = CollectorRegistry()
+    hits = WorkerCounter("vllm:prefix_cache_hits", "hits", ["model_name"], registry)
+    for total in (0, 16, 48, 48, 8, 24):  # the worker restarted after 48: it counts from 0
+        hits.follow(("m", "0"), total)
+    hits.follow(("m", "1"), 5)
+    value = registry.get_sample_value
+    assert value("vllm:prefix_cache_hits_total", {"model_name": "m", "worker": "0"}) == 72
+    assert value("vllm:prefix_cache_hits_total", {"model_name": "m", "worker": "1"}) == 5
