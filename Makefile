@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+# third-party load testers (AIPerf) in their own venv: their pins (textual~=5.3) clash with ours
+PEERS := .venv-peers
+PEERS_STAMP := $(PEERS)/.installed-$(shell cat tests/loadtest/peer_requirements.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv services run test soak bench info clean demo
+.PHONY: venv peers services run test soak bench info clean demo
 
 venv: $(STAMP)
 
@@ -17,6 +20,15 @@ $(STAMP):
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): tests/loadtest/peer_requirements.txt
+	test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/bin/python -m pip install --quiet -r tests/loadtest/peer_requirements.txt
+	rm -f $(PEERS)/.installed-*
+	touch $(PEERS_STAMP)
+
 run: venv
 	$(PY) -m gateway --host 127.0.0.1 --port 8000
 
@@ -28,7 +40,7 @@ info: venv
 services: venv
 	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.prometheus install
 
-test: venv services
+test: venv peers services
 	$(PY) -m pytest -q
 
 # the long reliability soak (3 minutes; RELIABILITY_SOAK_MINUTES=30 for the full one)
@@ -39,7 +51,7 @@ bench: venv
 	$(PY) bench/engine.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(PEERS) .pytest_cache
 
 demo: venv
 	$(PY) -m runtime generate --chat --prompt "What is the capital of France?" --max-tokens 64

@@ -1,4 +1,4 @@
-"""`python -m runtime generate|info`: the runtime on its own, without the gateway."""
+"""`python -m runtime generate|info|export-tokenizer`: the runtime alone, without the gateway."""
 from __future__ import annotations
 
 import argparse
@@ -28,6 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     sub.add_parser("info", help="print the model's shape and KV capacity")
+    export = sub.add_parser("export-tokenizer",
+                            help="write the model's tokenizer as a Hugging Face folder (for "
+                                 "load testers that count tokens, such as AIPerf)")
+    export.add_argument("dir", help="the folder to write (created when missing)")
+    # SUPPRESS: given here it wins; absent, the --model before the command still counts
+    export.add_argument("--model", default=argparse.SUPPRESS,
+                        help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M)")
     return parser
 
 
@@ -92,10 +99,27 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_export_tokenizer(args) -> int:
+    from runtime.tokenizer_export import export_tokenizer
+
+    try:
+        files = export_tokenizer(args.dir, args.model)
+    except OSError as exc:  # an unwritable folder is the user's to fix, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in files:
+        print(path)
+    print(f"[load it offline with transformers.AutoTokenizer.from_pretrained({args.dir!r})]",
+          file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "info": cmd_info}[args.command](args)
+        commands = {"generate": cmd_generate, "info": cmd_info,
+                    "export-tokenizer": cmd_export_tokenizer}
+        return commands[args.command](args)
     except RuntimeErrorBase as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
