@@ -1,13 +1,19 @@
-"""Reading a request: its JSON body (415, 413, 408 and 400 as OpenAI error bodies) and the
-client's trace context."""
+"""Reading a request: its JSON body (415, 413, 408 and 400 as OpenAI error bodies), the
+client's trace context, and the frame every generation handler runs in."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from aiohttp import web
 
+from gateway.billing.keys import ApiKey
 from gateway.errors import APIError, bad_request
+from gateway.http.auth import authenticate
+from gateway.state import STATE, GatewayState
 
 
 def trace_context(request: web.Request) -> dict | None:
@@ -34,3 +40,18 @@ async def read_json(request: web.Request, timeout: float | None = None):
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise bad_request(f"the body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+@asynccontextmanager
+async def generation(request: web.Request) -> AsyncIterator[tuple[GatewayState, ApiKey, Any]]:
+    """(state, key, body) for a handler that generates: the key checked (401), a worker ready
+    and no drain under way (503), then the body read; the handler counts as in flight, so a
+    drain waits for it, until it returns."""
+    state = request.app[STATE]
+    key = authenticate(request, state.keys)
+    state.require_service()
+    state.request_started()
+    try:
+        yield state, key, await read_json(request, state.config.body_timeout_seconds)
+    finally:
+        state.request_ended()

@@ -19,7 +19,7 @@ from gateway.errors import APIError, bad_request
 from gateway.http.auth import authenticate
 from gateway.http.completions import InterTokenClock, StreamGuard, response_headers, usage_of
 from gateway.http.error_middleware import json_response
-from gateway.http.request_body import read_json, trace_context
+from gateway.http.request_body import generation, trace_context
 from gateway.http.sse import SSEStream, encode_named_event
 from gateway.openai.requests import GenerationRequest, parse_chat_request
 from gateway.openai.responses_api import (
@@ -84,18 +84,11 @@ async def admit_turn(state: GatewayState, key: ApiKey, body, trace: dict | None)
 
 
 async def create_response(request: web.Request):
-    state = request.app[STATE]
-    key = authenticate(request, state.keys)
-    state.require_service()  # 503 until a worker is ready, and while draining
-    state.request_started()  # a drain waits for this handler
-    try:
-        body = await read_json(request, state.config.body_timeout_seconds)
+    async with generation(request) as (state, key, body):
         turn, gen = await admit_turn(state, key, body, trace_context(request))
         if turn.req.stream:
             return await ResponseStream(request, turn, gen).run()
         return await respond_json(turn, gen)
-    finally:
-        state.request_ended()
 
 
 async def respond_json(turn: Turn, gen: InFlightRequest) -> web.Response:

@@ -13,7 +13,7 @@ from gateway.http.completions import respond_json, stream_sse
 from gateway.http.error_middleware import json_response
 from gateway.http.feed_route import telemetry_handler
 from gateway.http.openapi import build_openapi
-from gateway.http.request_body import read_json, trace_context
+from gateway.http.request_body import generation, trace_context
 from gateway.http.responses_route import add_responses_routes
 from gateway.http.tokenize_route import add_tokenize_routes
 from gateway.http.websocket import websocket_handler
@@ -23,19 +23,12 @@ from gateway.state import STATE
 
 
 async def generate(request: web.Request, kind: str):
-    state = request.app[STATE]
-    key = authenticate(request, state.keys)
-    state.require_service()  # 503 until a worker is ready, and while draining
-    state.request_started()  # a drain waits for this handler
-    try:
-        body = await read_json(request, state.config.body_timeout_seconds)
+    async with generation(request) as (state, key, body):
         req = parse_request(kind, body, state.sampling_defaults)
         gen = await admit(state, key, req, body, trace_context(request))
         if gen.request.stream:
             return await stream_sse(request, state, gen)
         return await respond_json(state, gen)
-    finally:
-        state.request_ended()
 
 
 async def usage(request: web.Request):
