@@ -21,7 +21,10 @@ from runtime.scheduler import Scheduler
 from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.drafter import ModelDrafter
+from runtime.structured.manager import GrammarError, StructuredOutputs
 from runtime.validate import validate_request
+
+GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
 
 
 class LLMEngine:
@@ -44,6 +47,9 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
+        self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
+                                            self.model_config.eos_token_ids)
+        self.runner.masks = self.structured.masks
 
     def _make_drafter(self):
         if self.spec.method == "self":
@@ -116,6 +122,7 @@ class LLMEngine:
         request.detokenizer = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]  # the first prompt token has nothing before it
+        self.structured.attach(request)  # its grammar compiles in the background
         self.requests[request_id] = request
         self.scheduler.add_request(request)
 
@@ -124,6 +131,7 @@ class LLMEngine:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
+        self.structured.forget(request_id)
         self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
         self._count_finished(request)
         return self._output(request, [], "", None)
@@ -134,10 +142,20 @@ class LLMEngine:
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
+        refused = [self._refuse(r, error) for r, error in self.structured.poll()]
         sched = self.scheduler.schedule()
+        if sched.is_empty and self.structured.pending:
+            self.structured.wait(GRAMMAR_WAIT_S)  # only compiles are left: do not spin
         result = self.runner.run(sched, self.requests)
-        outputs = self._postprocess(sched, result)
+        outputs = refused + self._postprocess(sched, result)
         return outputs, self._stats(sched, time.perf_counter() - start)
+
+    def _refuse(self, request: Request, error: GrammarError) -> RequestOutput:
+        """End a request whose grammar failed to compile after admission: a refusal."""
+        self.scheduler.finish_request(request, RequestStatus.FINISHED_REJECTED)
+        self.requests.pop(request.request_id, None)
+        return self._output(request, [], "", None, error={
+            "message": str(error), "param": error.param, "kind": type(error).__name__})
 
     def _postprocess(self, sched: SchedulerOutput, result: StepSample) -> list[RequestOutput]:
         """Advance the requests, append their sampled tokens, stream and finish them."""
@@ -148,14 +166,7 @@ class LLMEngine:
         outputs = []
         now = time.monotonic()
         for request in sampled:
-            tokens, text, finish = [], "", None
-            for token in result.tokens[request.request_id]:
-                request.output_token_ids.append(token)
-                tokens.append(token)
-                text += request.detokenizer.push([token])
-                finish = self._check_finish(request, token)
-                if finish is not None:
-                    break  # later accepted proposals are dropped with the request
+            tokens, text, finish = self._append(request, result.tokens[request.request_id])
             if request.first_token_time is None:
                 request.first_token_time = now
             if finish is not None:
@@ -170,9 +181,31 @@ class LLMEngine:
             self.counters.num_generation_tokens += len(tokens)
         return outputs
 
+    def _append(self, request: Request, new: list[int]
+                ) -> tuple[list[int], str, RequestStatus | None]:
+        """Append a step's tokens, then any the grammar forces (jump-forward: their KV is
+        computed next step, like a prompt chunk), checking stops after each one."""
+        tokens, text, finish = [], "", None
+        while new and finish is None:
+            for token in new:
+                request.output_token_ids.append(token)
+                tokens.append(token)
+                text += request.detokenizer.push([token])
+                if request.grammar is not None:
+                    request.grammar.accept(token)
+                finish = self._check_finish(request, token)
+                if finish is not None:
+                    break  # later accepted proposals or forced tokens go with the request
+            new = [] if finish else self.structured.jump_forward(request, self.max_model_len)
+        return tokens, text, finish
+
     def _check_finish(self, request: Request, token: int) -> RequestStatus | None:
-        params = request.params
-        is_eos = not params.ignore_eos and token in self.eos_token_ids
+        params, grammar = request.params, request.grammar
+        if grammar is not None and grammar.is_error:
+            request.stop_reason = grammar.error[:200]
+            return RequestStatus.FINISHED_ERROR
+        # a grammar allows the end only where it is complete, and then it ends the output
+        is_eos = (not params.ignore_eos or grammar is not None) and token in self.eos_token_ids
         if token in params.stop_token_set or is_eos:
             request.stop_reason = token
             return RequestStatus.FINISHED_STOPPED
@@ -185,7 +218,7 @@ class LLMEngine:
         return None
 
     def _output(self, request: Request, tokens: list[int], text: str, logprobs,
-                prompt_logprobs=None) -> RequestOutput:
+                prompt_logprobs=None, error: dict | None = None) -> RequestOutput:
         usage = Usage(request.num_prompt_tokens, request.num_cached_tokens,
                       request.num_output_tokens)
         finished = request.is_finished
@@ -199,10 +232,12 @@ class LLMEngine:
             if spec.num_proposed:
                 timing["spec_acceptance"] = spec.num_accepted / spec.num_proposed
                 timing["spec_proposed"] = spec.num_proposed
+            if request.grammar is not None:
+                timing["forced_tokens"] = request.grammar.num_forced
         return RequestOutput(request.request_id, tokens, text, finished,
                              request.status.value if finished else None, usage, logprobs,
                              request.stop_reason if finished else None, timing,
-                             prompt_logprobs)
+                             prompt_logprobs, error)
 
     def _count_spec(self, sched: SchedulerOutput, result: StepSample) -> None:
         """vLLM's counters: drafts, draft tokens, accepted tokens (also per position)."""
@@ -331,6 +366,7 @@ class LLMEngine:
         for token in output_token_ids:
             request.output_token_ids.append(token)
             request.detokenizer.push([token])  # its text was streamed by the prefill worker
+        self.structured.attach(request)  # its matcher replays those tokens once compiled
         num_blocks = self.kv.num_blocks_for(request.num_prompt_tokens)
         if num_blocks > self.kv.num_free_blocks:
             raise MemoryError("the prompt's KV does not fit in this worker's cache")

@@ -8,6 +8,11 @@ max_tokens, stop strings, stop token ids, priorities and max_num_seqs, and repor
 tokens as the block-aligned longest prefix it has already seen under the same salt (none for
 a request asking for prompt logprobs, which reads no cache, as in the model engine).
 
+Structured outputs: a `choice` spec makes it emit the first choice's tokens and then the
+end-of-sequence token (finish "stop", as the model engine ends a complete grammar); other
+specs (json, regex, grammar) are accepted and ignored: the word cycle matches none of them.
+`jump_forward` changes nothing here.
+
 Its fake distribution always makes the token it names the most likely at logprob -0.1, the
 n-th alternative at -0.1 * n: so for sampled tokens and for prompt tokens alike (rank 1).
 """
@@ -37,6 +42,7 @@ class _FakeRequest:
     detok: IncrementalDetokenizer
     output: list[int] = field(default_factory=list)
     first_token: float | None = None
+    script: list[int] | None = None  # the tokens a choice spec makes it emit, then stop
 
 
 class FakeEngine:
@@ -88,7 +94,14 @@ class FakeEngine:
         self.requests[request_id] = _FakeRequest(
             request_id, list(prompt_token_ids), params, priority,
             arrival_time if arrival_time is not None else time.monotonic(), cached,
-            IncrementalDetokenizer(self.tokenizer, stop=params.stop))
+            IncrementalDetokenizer(self.tokenizer, stop=params.stop),
+            script=self._script(params))
+
+    def _script(self, params: SamplingParams) -> list[int] | None:
+        spec = params.structured
+        if spec is None or spec["type"] != "choice" or not self.tokenizer.eos_token_ids:
+            return None
+        return self.tokenizer.encode(spec["choices"][0]) + [self.tokenizer.eos_token_ids[0]]
 
     def _cached_prefix(self, prompt: list[int], salt, reads: bool = True) -> int:
         """Tokens served by blocks seen before (0 unless `reads`); every block is seen now."""
@@ -117,11 +130,12 @@ class FakeEngine:
         outputs = []
         running = self._running()
         for r in running:
-            token = self.words[len(r.output) % len(self.words)]
+            token = self._next_token(r)
             r.output.append(token)
             r.first_token = r.first_token or time.monotonic()
             text = r.detok.push([token])
-            stopped = r.detok.stopped or token in r.params.stop_token_set
+            stopped = r.detok.stopped or token in r.params.stop_token_set or (
+                r.script is not None and len(r.output) == len(r.script))
             reason = "stop" if stopped else (
                 "length" if len(r.output) >= r.params.max_tokens else None)
             if reason == "length":
@@ -136,6 +150,11 @@ class FakeEngine:
         stats = StepStats(len(running), 0, len(running), seconds, 0, self.num_blocks,
                           len(running), len(self.requests) - len(running))
         return outputs, stats
+
+    def _next_token(self, r: _FakeRequest) -> int:
+        if r.script is not None:
+            return r.script[len(r.output)]
+        return self.words[len(r.output) % len(self.words)]
 
     def _output(self, r: _FakeRequest, tokens, text, reason) -> RequestOutput:
         logprobs = None

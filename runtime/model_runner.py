@@ -23,6 +23,7 @@ from runtime.request import Request
 from runtime.sampler import Sampler, SamplingRow, score_tokens
 from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.verify import verify
+from runtime.structured.masks import MaskMaker, TokenMask
 
 # prompt positions scored per LM-head call: bounds the [rows, vocab] logits a long chunk makes
 PROMPT_LOGPROB_ROWS = 256
@@ -67,6 +68,7 @@ class ModelRunner:
         self.sampler = Sampler(config.device, seed=config.seed)
         self.disk = disk  # the prefix cache's disk tier, or None
         self.drafter = None  # a model drafter for speculative decoding (self or draft model)
+        self.masks: MaskMaker | None = None  # structured outputs' token masks (the engine's)
         self._generators: dict[str, torch.Generator] = {}  # seeded requests' own streams
 
     @property
@@ -185,13 +187,17 @@ class ModelRunner:
         input_ids, meta, last_index = self.prepare(batch)
         hidden = self.model.forward(input_ids, meta, self.kv_caches)
         sampling = [s for s in batch if s.samples]
+        masks = self._grammar_masks(sampling, requests)
         plain = [requests[s.request_id] for s in sampling if not s.num_spec]
         if plain:
             idx = torch.tensor([last_index[r.request_id] for r in plain], device=self.device)
             logits = self.model.compute_logits(hidden.index_select(0, idx))
             rows = [SamplingRow(r.params, self._generator(r), r.prompt_token_ids,
                                 r.output_token_ids) for r in plain]
-            sampled = self.sampler(logits, rows)
+            masked = [i for i, r in enumerate(plain) if r.request_id in masks]
+            mask = TokenMask(masked, torch.cat([masks[plain[i].request_id] for i in masked])
+                             ) if masked else None
+            sampled = self.sampler(logits, rows, mask)
             for i, r in enumerate(plain):
                 result.tokens[r.request_id] = [sampled.token_ids[i]]
                 if sampled.logprobs[i] is not None:
@@ -204,11 +210,28 @@ class ModelRunner:
                 r = requests[s.request_id]
                 last = last_index[s.request_id]
                 logits = self.model.compute_logits(hidden[last - k:last + 1])
+                if s.request_id in masks:  # each position's grammar mask: refused drafts fail
+                    logits = TokenMask(list(range(k + 1)), masks[s.request_id]).apply(logits)
                 tokens = verify(logits, list(s.spec_token_ids[:k]), r.params, self._generator(r))
                 result.tokens[s.request_id] = tokens
                 result.rejected[s.request_id] = k - (len(tokens) - 1)
         self._score_prompts(batch, requests, hidden, last_index, result)
         return result
+
+    def _grammar_masks(self, sampling: Sequence[ScheduledRequest],
+                       requests: Mapping[str, Request]) -> dict[str, torch.Tensor]:
+        """Bitmask rows of each constrained request that samples this step, by id: its next
+        token's, then one after each of its proposals (all made in one batched call)."""
+        constrained = [s for s in sampling if requests[s.request_id].grammar is not None]
+        if not constrained or self.masks is None:
+            return {}
+        entries = []
+        for s in constrained:
+            grammar = requests[s.request_id].grammar
+            assert grammar is not None and grammar.matcher is not None  # the scheduler waited
+            entries.append((grammar.matcher, list(s.spec_token_ids[:s.num_spec])))
+        bits, first = self.masks.fill(entries)
+        return {s.request_id: bits[f:f + 1 + s.num_spec] for s, f in zip(constrained, first)}
 
     def _score_prompts(self, batch: Sequence[ScheduledRequest], requests: Mapping[str, Request],
                        hidden: torch.Tensor, last_index: dict[str, int],

@@ -46,13 +46,16 @@ class RequestOutput:
     new_token_ids: list[int]
     new_text: str
     finished: bool
-    finish_reason: str | None  # "stop", "length", "abort" once finished
+    finish_reason: str | None  # "stop", "length", "abort", "rejected" or "error" once finished
     usage: Usage
     logprobs: list[TokenLogprob] | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     timing: dict | None = None  # on the final output: arrival, scheduled, first_token, finished
     # once, on the first output with tokens: one entry per prompt token, None for the first
     prompt_logprobs: list[PromptLogprob | None] | None = None
+    # a request refused after admission ("rejected": its grammar did not compile): the
+    # refusal the worker sends as a Rejected frame, {"message", "param", "kind"}
+    error: dict | None = None
 
 
 def wall_clock(monotonic_time: float | None) -> float | None:

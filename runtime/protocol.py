@@ -126,6 +126,9 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Rejected:
+    """The request is refused, nothing billed: at once on AddRequest, or later, before any
+    output, when its structured-output grammar fails to compile."""
+
     id: str
     error: dict  # {"message", "param", "kind"}
     type: str = field(default="rejected", init=False)

@@ -15,6 +15,7 @@ from runtime.spec_decode.governor import SpecState
 
 if TYPE_CHECKING:
     from runtime.detokenizer import IncrementalDetokenizer
+    from runtime.structured.matcher import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -24,10 +25,12 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_REJECTED = "rejected"  # refused after admission: its grammar did not compile
+    FINISHED_ERROR = "error"  # its grammar failed mid-output (a parser limit was hit)
 
     @property
     def is_finished(self) -> bool:
-        return self.value in ("stop", "length", "abort")
+        return self.value in ("stop", "length", "abort", "rejected", "error")
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Request:
     # prompt logprobs gathered so far, by prompt position (position 0 has none); None when
     # not asked for or already delivered. Set by the engine on admission.
     prompt_logprobs: list[PromptLogprob | None] | None = None
+    grammar: GrammarState | None = None  # a structured-output request's grammar (the engine's)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -74,6 +78,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def awaits_grammar(self) -> bool:
+        """Its grammar is still compiling: it may run its prompt, but must not sample yet."""
+        return self.grammar is not None and not self.grammar.is_ready
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -1,21 +1,28 @@
 """Batched next-token sampling: penalties, greedy or temperature/top-k/top-p/min-p, logprobs;
 and the scoring of given tokens (prompt logprobs).
 
-Each row is processed as: penalties -> (greedy: argmax) | (temperature -> top-k -> top-p ->
-min-p -> draw). Every filter is a cutoff on the row's own probabilities and an exact no-op for a
-row that does not use it, so a row's result never depends on which other rows share the batch.
+Each row is processed as: grammar mask -> penalties -> (greedy: argmax) | (temperature -> top-k
+-> top-p -> min-p -> draw). Every filter is a cutoff on the row's own probabilities and an exact
+no-op for a row that does not use it, so a row's result never depends on which other rows share
+the batch.
 Sampling uses the exponential race, argmax(probs / q) with q = -log(U) ~ Exp(1) per token, which
 picks token i with probability probs[i] / sum(probs) (no renormalisation needed after masking)
-and consumes exactly one length-V uniform vector per sampled row per step.
+and consumes exactly one length-V uniform vector per sampled row per step. A structured-output
+row's grammar mask sets its refused tokens to -inf first, so its logprobs and every filter see
+the masked distribution; unmasked rows keep their exact values.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from runtime.outputs import MIN_LOGPROB, PromptLogprob
 from runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runtime.structured.masks import TokenMask
 
 
 @dataclass
@@ -31,9 +38,11 @@ class SamplingRow:
 @dataclass
 class SampleResult:
     token_ids: list[int]
-    # log-prob of the chosen token under log_softmax of the unmodified logits; None if not asked
+    # log-prob of the chosen token under log_softmax of the logits before penalties and
+    # filters (after a grammar's mask); None if not asked
     logprobs: list[float | None]
-    # top-N (id, logprob) under the same raw distribution, best first; None if not asked
+    # top-N (id, logprob) under the same distribution, best first (fewer where a mask leaves
+    # fewer tokens possible); None if not asked
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
@@ -128,10 +137,13 @@ class Sampler:
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 mask: TokenMask | None = None) -> SampleResult:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         raw = logits.float()  # bf16 -> f32; f32 is not copied, so nothing below writes in place
+        if mask is not None:
+            raw = mask.apply(raw)  # out of place, the constrained rows in one op
         logits = self._penalised(raw, rows)
         tokens = logits.argmax(dim=-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.is_greedy]
@@ -195,8 +207,9 @@ class Sampler:
         for j, i in enumerate(wanted):
             logprobs[i] = chosen[j]
             n = rows[i].params.top_logprobs
-            if n > 0:
-                top[i] = list(zip(top_ids[j][:n], top_vals[j][:n]))
+            if n > 0:  # tokens a grammar's mask rules out (-inf) are no alternatives
+                top[i] = [(t, v) for t, v in zip(top_ids[j][:n], top_vals[j][:n])
+                          if v != float("-inf")]
         return SampleResult(token_ids, logprobs, top)
 
 

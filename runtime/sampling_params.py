@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from runtime.errors import InvalidRequestError
+from runtime.structured.spec import validate_spec
 
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -31,6 +32,9 @@ class SamplingParams:
     `prompt_logprobs` (None: off) asks, as vLLM does, for every prompt token's log-probability
     given the tokens before it, its rank and that many alternatives; a request asking for it
     computes its whole prompt (the prefix cache serves it nothing).
+    `structured` (None: free text) constrains the output to a grammar, a JSON-able spec checked
+    by runtime/structured/spec.py; `jump_forward` lets the engine append the tokens such a
+    grammar forces without sampling them (False: every token sampled).
     """
 
     max_tokens: int = 16
@@ -49,8 +53,11 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: int | None = None
     speculative: bool = True  # False opts this request out of speculative decoding
+    structured: dict | None = None  # a grammar spec (runtime/structured/spec.py)
+    jump_forward: bool = True  # append a grammar's forced tokens without sampling them
     if TYPE_CHECKING:  # for the checker only: each instance sets its own in __post_init__;
         stop_token_set: ClassVar[frozenset[int]]  # ClassVar so it is not a dataclass field
+        structured_key: ClassVar[str | None]  # the spec's canonical text: the compile cache key
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -58,6 +65,8 @@ class SamplingParams:
         self._validate()
         # the engine tests every generated token against these: a set, not a scan
         object.__setattr__(self, "stop_token_set", frozenset(self.stop_token_ids))
+        object.__setattr__(self, "structured_key", None if self.structured is None
+                           else validate_spec(self.structured))
 
     @property
     def is_greedy(self) -> bool:
@@ -115,3 +124,5 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad("stop_token_ids", f"must be non-negative integers, got {t!r}")
+        if not isinstance(self.jump_forward, bool):
+            raise bad("jump_forward", f"must be true or false, got {self.jump_forward!r:.40}")

@@ -127,11 +127,12 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = min(self._num_runnable(request), budget)
             if num_new <= 0:
                 continue
+            decodes = num_new == 1 and not request.awaits_grammar  # this step samples
             num_spec, proposals = self._plan_spec(request, budget) if speculate and \
-                num_new == 1 else (0, ())
+                decodes else (0, ())
             num_new += num_spec
             while self.kv.allocate_slots(request, num_new) is None:
                 victim = self._pick_victim(exclude=scheduled_ids)
@@ -159,8 +160,10 @@ class Scheduler:
             if self._next_block_in_flight(request, hit, in_flight):
                 deferred.append(self.waiting.pop())  # its prefix is being computed right now
                 continue
-            num_new = request.num_tokens - request.num_computed_tokens \
-                - hit.num_blocks * self.kv.block_size
+            num_new = self._num_runnable(request) - hit.num_blocks * self.kv.block_size
+            if num_new <= 0:
+                deferred.append(self.waiting.pop())  # its grammar is compiling: nothing to run
+                continue
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
@@ -176,6 +179,13 @@ class Scheduler:
             in_flight.update(self._pending_prompt_blocks(request))
         for request in deferred:
             self.waiting.push(request)
+
+    @staticmethod
+    def _num_runnable(request: Request) -> int:
+        """Tokens the request may compute now: all it has, but the last one (whose step
+        samples) waits while its grammar compiles."""
+        num = request.num_tokens - request.num_computed_tokens
+        return num - 1 if request.awaits_grammar else num
 
     def _admit(self, request: Request, num_cached: int) -> None:
         """A waiting request starts running, after the tokens the prefix cache served."""

@@ -3,7 +3,9 @@
 `python -m runtime.worker [--model PATH] [--device cpu] [--threads N] ...` reads frames from
 stdin and writes frames to stdout (see runtime/protocol.py); logs go to stderr. A reader thread
 queues commands; the main thread applies them between engine steps, so only it touches the
-engine. The end of stdin (the gateway went away) ends the worker.
+engine. A request the engine refuses after admitting it (its grammar did not compile) goes
+back as a `Rejected` frame, like one refused at once. The end of stdin (the gateway went
+away) ends the worker.
 """
 from __future__ import annotations
 
@@ -176,6 +178,16 @@ class Worker:
                                           "param": getattr(exc, "param", None),
                                           "kind": type(exc).__name__}))
 
+    def step(self) -> None:
+        """One engine step, sent as its frames: a Rejected frame for each request refused
+        after admission (its grammar did not compile), then the Step."""
+        outputs, stats = self.engine.step()
+        for out in outputs:
+            if out.error is not None:
+                self.send(Rejected(out.request_id, out.error))
+        self.send(Step(self.messages([o for o in outputs if o.error is None]),
+                       stats_message(self.engine, stats, self.device)))
+
     def loop(self) -> None:
         last_stats = 0.0
         while self.running:
@@ -187,9 +199,7 @@ class Worker:
             except queue.Empty:
                 pass
             if self.engine.has_unfinished_requests():
-                outputs, stats = self.engine.step()
-                self.send(Step(self.messages(outputs),
-                               stats_message(self.engine, stats, self.device)))
+                self.step()
             elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
                 last_stats = time.monotonic()
                 self.send(IdleStats(stats_message(self.engine, None, self.device)))

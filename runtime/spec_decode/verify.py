@@ -4,7 +4,10 @@ Proposals here are deterministic (n-gram lookups and greedy drafts), so the draf
 q is one-hot and rejection sampling reduces to: accept draft d with probability p(d); on the
 first rejection, sample from p with d removed (renormalised); if every draft is accepted,
 sample a bonus token from the next distribution. The output then follows p exactly. Greedy
-requests accept the longest run where the draft equals the target's argmax.
+requests accept the longest run where the draft equals the target's argmax. A structured-output
+request's logits arrive masked per position by its grammar (runtime/structured/masks.py): a
+draft the grammar refuses has p = 0 there, so it is rejected for sure and the replacement is
+drawn from the grammar's tokens.
 """
 from __future__ import annotations
 
