@@ -10,12 +10,14 @@ import os
 from functools import lru_cache
 
 import jinja2
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
 from runtime.errors import InvalidRequestError, ModelLoadError
 from runtime.json_files import read_json
+from runtime.tool_template import fallback, for_template, uses_tools
 
 CONTROL_TOKEN = 3  # llama.cpp token_type values
 USER_DEFINED_TOKEN = 4
@@ -83,6 +85,9 @@ class Tokenizer:
         self._special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         self._template = self._compile(chat_template)
+        # a template that reads `tools` has its own tool syntax; others get the fallback
+        self.template_knows_tools = chat_template is not None and "tools" in \
+            jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(chat_template))
 
     # construction
 
@@ -185,18 +190,28 @@ class Tokenizer:
 
     # chat
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render `messages` with the model's template (like HF's, no BOS added afterwards)."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """Render `messages` with the model's template (like HF's, no BOS added afterwards).
+
+        `tools` (OpenAI function tools) and the messages' `tool_calls` and `tool` turns go to a
+        template with tool syntax as Hugging Face's convention has them; a template without
+        gets runtime/tool_template.py's documented fallback in plain turns."""
         _check_messages(messages)
         if self._template is None:
             raise InvalidRequestError("this model has no chat template; send a plain prompt",
                                       param="messages")
+        if self.template_knows_tools:
+            messages = for_template(messages)
+        elif tools or uses_tools(messages):
+            messages, tools = fallback(messages, tools), None
         tokens = self.backend.id_to_token
+        extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(
                 messages=messages, add_generation_prompt=add_generation_prompt,
                 bos_token=tokens(self.bos_token_id) if self.bos_token_id is not None else "",
-                eos_token=tokens(self.eos_token_ids[0]) if self.eos_token_ids else "")
+                eos_token=tokens(self.eos_token_ids[0]) if self.eos_token_ids else "", **extra)
         except jinja2.TemplateError as e:  # includes raise_exception()
             raise InvalidRequestError(f"chat template rejected the messages: {e}",
                                       param="messages") from e
@@ -225,6 +240,8 @@ def _check_messages(messages) -> None:
         raise InvalidRequestError("messages must be a non-empty list", param="messages")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
-                or not isinstance(m.get("content"), str):
-            raise InvalidRequestError(f"messages[{i}] must be {{'role': str, 'content': str}}",
+                or not isinstance(m.get("content"), str) \
+                or not isinstance(m.get("tool_calls", []), (list, tuple)):
+            raise InvalidRequestError(f"messages[{i}] must be {{'role': str, 'content': str}}"
+                                      " (and optionally 'tool_calls': a list)",
                                       param="messages")

@@ -12,6 +12,7 @@ from gateway.http.error_middleware import json_response
 from gateway.http.sse import SSEStream
 from gateway.openai.responses import ChoiceResult, chat_response, completion_response, usage_dict
 from gateway.openai.stream_chunker import StreamChunker
+from gateway.openai.tool_stream import collect, finish_reason, reader_for
 from gateway.serving.accounting import wait_committed
 from gateway.serving.inflight import InFlightRequest
 from gateway.state import GatewayState
@@ -23,7 +24,8 @@ def chunker_for(state: GatewayState, gen: InFlightRequest, include_usage: bool) 
     """The one chunk builder of a streamed request, for SSE and WebSocket alike."""
     req = gen.request
     return StreamChunker(req.kind, gen.request_id, state.model_name, gen.created,
-                         include_usage, echo=gen.prompt_text if req.echo else None)
+                         include_usage, echo=gen.prompt_text if req.echo else None,
+                         tools=req.tools)
 
 
 class InterTokenClock:
@@ -181,13 +183,16 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
     wants_logprobs = req.params.logprobs or req.params.top_logprobs > 0
     choices = []
     for i in range(req.n):
-        text = "".join(texts[i])
-        offset = 0
+        text: str | None = "".join(texts[i])
+        offset, calls, reason = 0, None, gen.finish_reasons.get(i)
         if req.echo:
             text, offset = gen.prompt_text + text, len(gen.prompt_text)
-        choices.append(ChoiceResult(i, text, gen.finish_reasons.get(i),
-                                    logprobs[i] if wants_logprobs else None, offset,
-                                    prompt_logprobs.get(i)))
+        reader = reader_for(req.tools) if req.kind == "chat" else None
+        if reader is not None:  # the stream's reader, fed the whole text: the same answer
+            text, calls = collect(reader, text)
+            reason = finish_reason(reason, reader)
+        choices.append(ChoiceResult(i, text, reason, logprobs[i] if wants_logprobs else None,
+                                    offset, prompt_logprobs.get(i), calls))
     build = chat_response if req.kind == "chat" else completion_response
     body = build(gen.request_id, state.model_name, gen.created, choices, usage_of(gen))
     return json_response(body, headers=response_headers(gen))

@@ -5,6 +5,7 @@ Ranges and enums come from the validator's own constants, so the document cannot
 """
 from __future__ import annotations
 
+from gateway.http import openapi_tools
 from gateway.http.openapi_extensions import REF, extension_paths, extension_schemas
 from gateway.openai.requests import (
     MAX_CONTENT_PARTS,
@@ -99,6 +100,7 @@ def _shared_request_fields(names: tuple[str, ...]) -> dict:
                            "properties": {"include_usage": {"type": "boolean"}}},
         "priority": _int(MIN_PRIORITY, MAX_PRIORITY, "Lower is served first.", 0),
         "user": {"type": ["string", "null"]},
+        **openapi_tools.request_fields(),
     }
 
 
@@ -116,7 +118,8 @@ def _chat_request(names: tuple[str, ...]) -> dict:
     message = _obj({"role": {"enum": list(ROLES)},
                     "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": part,
                                            "maxItems": MAX_CONTENT_PARTS},
-                                          {"type": "null", "description": "assistant only"}]}},
+                                          {"type": "null", "description": "assistant only"}]},
+                    **openapi_tools.message_fields()},
                    ("role", "content"))
     return _obj({
         "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES,
@@ -126,6 +129,7 @@ def _chat_request(names: tuple[str, ...]) -> dict:
         "logprobs": _bool("Return each output token's log-probability."),
         "top_logprobs": _int(0, MAX_TOP_LOGPROBS, "Alternatives per token; needs logprobs.", 0),
         "prompt_logprobs": PROMPT_LOGPROBS,
+        **openapi_tools.chat_fields(),
     }, ("messages",))
 
 
@@ -148,14 +152,21 @@ def _schemas(names: tuple[str, ...]) -> dict:
     common = {"id": {"type": "string"}, "created": {"type": "integer"},
               "model": {"type": "string"}}
     finish = {"enum": ["stop", "length", None]}
+    chat_finish = {"enum": ["stop", "length", "tool_calls", None],
+                   "description": "tool_calls: the choice called tools and ended by itself."}
+    content = {"type": ["string", "null"], "description": "null when only tools were called"}
+
+    def tool_calls(item: str) -> dict:
+        return {"type": "array", "items": {"$ref": REF + item}}
+
     chat_choice = _obj({"index": {"type": "integer"},
-                        "message": _obj({"role": {"const": "assistant"},
-                                         "content": {"type": "string"}}),
-                        "logprobs": {"type": ["object", "null"]}, "finish_reason": finish})
+                        "message": _obj({"role": {"const": "assistant"}, "content": content,
+                                         "tool_calls": tool_calls("ToolCall")}),
+                        "logprobs": {"type": ["object", "null"]}, "finish_reason": chat_finish})
     chunk_choice = _obj({"index": {"type": "integer"},
-                         "delta": _obj({"role": {"const": "assistant"},
-                                        "content": {"type": "string"}}),
-                         "logprobs": {"type": ["object", "null"]}, "finish_reason": finish})
+                         "delta": _obj({"role": {"const": "assistant"}, "content": content,
+                                        "tool_calls": tool_calls("ToolCallDelta")}),
+                         "logprobs": {"type": ["object", "null"]}, "finish_reason": chat_finish})
     text_choice = _obj({"index": {"type": "integer"}, "text": {"type": "string"},
                         "logprobs": {"type": ["object", "null"]}, "finish_reason": finish})
     usage_ref = {"$ref": REF + "Usage"}
@@ -247,6 +258,7 @@ def build_openapi(model_names: str | tuple[str, ...]) -> dict:
             "/metrics": _plain_get("Prometheus metrics", "text/plain", {"type": "string"}),
             **extension_paths(_errors),
         },
-        "components": {"schemas": {**_schemas(names), **extension_schemas(_model(names))},
+        "components": {"schemas": {**_schemas(names), **extension_schemas(_model(names)),
+                                   **openapi_tools.schemas()},
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }

@@ -2,7 +2,8 @@
 
 Input is the already-decoded JSON body. Anything wrong is an `APIError` (400) whose `param` names
 the offending field, as OpenAI does. Unknown fields are ignored, except a few whose silent
-omission would change the answer (tools, logit_bias, ...): those are refused, not ignored.
+omission would change the answer (functions, logit_bias, ...): those are refused, not ignored.
+Structured outputs are read by `gateway.openai.structured_api`, tools by `gateway.openai.tools`.
 
 The response shapes live in `gateway.openai.responses` and are re-exported here, so that callers
 import the whole OpenAI surface from one module.
@@ -42,6 +43,8 @@ from gateway.openai.responses import (  # noqa: F401
     usage_dict,
 )
 from gateway.openai.stream_chunker import StreamChunker  # noqa: F401
+from gateway.openai.structured_api import read_structured
+from gateway.openai.tools import ToolSpec, read_message_tool_calls, read_tool_call_id, read_tools
 from runtime.errors import InvalidRequestError
 from runtime.sampling_params import (
     MAX_SEED,
@@ -64,7 +67,7 @@ MAX_CONTENT_PARTS = 64
 Defaults = Mapping[str, float | int]
 NO_DEFAULTS: Defaults = MappingProxyType({})  # OpenAI's own: temperature 1 and nothing else
 # fields that change what the model must produce; ignoring them would return a wrong answer
-UNSUPPORTED = ("tools", "functions", "logit_bias", "suffix")
+UNSUPPORTED = ("functions", "logit_bias", "suffix")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,10 @@ class GenerationRequest:
     priority: int = 0  # lower is more urgent
     user: str | None = None
     echo: bool = False  # completion: prepend the prompt to the output
+    # the output constraint (gateway/openai/structured_api.py), as params.structured has it:
+    # the body's own, or a required or named tool call's schema
+    structured: dict | None = None
+    tools: ToolSpec | None = None  # chat: the request's tools and tool_choice
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The runtime's parameters with this output budget (a 400 naming max_tokens if < 1)."""
@@ -136,7 +143,9 @@ def parse_completion_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> Gen
 def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_logprobs: int,
            defaults: Defaults, **fields) -> GenerationRequest:
     """The fields both endpoints share, then the runtime's own validation of the sampling ones."""
-    _reject_unsupported(body)
+    _reject_unsupported(body, kind)
+    tools = read_tools(body) if kind == "chat" else None
+    structured = _constraint(body, tools)
     stream = read_bool(body, "stream", False)
     stream_options = read_object(body, "stream_options")
     if stream_options and not stream:
@@ -144,7 +153,7 @@ def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_lo
     if stream and body.get("prompt_logprobs") is not None:  # as vLLM: they come in one piece
         raise bad_request("prompt_logprobs are not available when stream is true",
                           "prompt_logprobs")
-    params = _sampling_params(body, max_tokens or 1, logprobs, top_logprobs, defaults)
+    params = _sampling_params(body, max_tokens or 1, logprobs, top_logprobs, defaults, structured)
     return GenerationRequest(
         kind=kind, model=read_str(body, "model", None), max_tokens=max_tokens, params=params,
         messages=fields.get("messages"), prompt=fields.get("prompt"),
@@ -152,11 +161,26 @@ def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_lo
         include_usage=read_bool(stream_options, "include_usage", False,
                                 param="stream_options.include_usage"),
         priority=read_int(body, "priority", 0, lo=MIN_PRIORITY, hi=MAX_PRIORITY),
-        user=read_str(body, "user", None), echo=fields.get("echo", False))
+        user=read_str(body, "user", None), echo=fields.get("echo", False),
+        structured=structured, tools=tools)
 
 
-def _sampling_params(body: dict, max_tokens: int, logprobs: bool,
-                     top_logprobs: int, defaults: Defaults) -> SamplingParams:
+def _constraint(body: dict, tools: ToolSpec | None) -> dict | None:
+    """The one output constraint: the body's own, or the call a tool_choice forces."""
+    structured = read_structured(body)
+    if tools is not None and tools.choice != "none" and structured is not None:
+        # a constraint on the whole output leaves no room for a call, and a forced call none
+        # for the format: refused rather than one silently winning
+        param = structured["param"].split(".")[0]
+        raise bad_request(f"{param} cannot be combined with tools unless tool_choice is "
+                          "\"none\"", param)
+    if tools is not None and tools.constrained:
+        structured = tools.constraint()
+    return structured
+
+
+def _sampling_params(body: dict, max_tokens: int, logprobs: bool, top_logprobs: int,
+                     defaults: Defaults, structured: dict | None = None) -> SamplingParams:
     # types and our own bounds here; SamplingParams checks the rest and names the same params
     def default(name: str, openai: float) -> Any:
         return defaults.get(name, openai)
@@ -177,7 +201,8 @@ def _sampling_params(body: dict, max_tokens: int, logprobs: bool,
         stop_token_ids=read_int_list(body, "stop_token_ids", MAX_STOP_TOKEN_IDS),
         ignore_eos=read_bool(body, "ignore_eos", False),
         logprobs=logprobs, top_logprobs=top_logprobs,
-        prompt_logprobs=read_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS))
+        prompt_logprobs=read_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS),
+        structured=structured)
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as exc:
@@ -190,16 +215,14 @@ def _require_object(body: Any) -> dict:
     return body
 
 
-def _reject_unsupported(body: dict) -> None:
+def _reject_unsupported(body: dict, kind: str) -> None:
     for name in UNSUPPORTED:
         if body.get(name):  # absent, null, empty: harmless
             raise bad_request(f"{name} is not supported by this server", name)
+    if kind != "chat" and body.get("tools"):  # no messages here to carry calls and results
+        raise bad_request("tools are only supported on /v1/chat/completions", "tools")
     if body.get("best_of") not in (None, 1):
         raise bad_request("best_of is not supported by this server; use n", "best_of")
-    response_format = body.get("response_format")
-    if response_format not in (None, {"type": "text"}):
-        raise bad_request("only response_format {\"type\": \"text\"} is supported",
-                          "response_format")
 
 
 # chat messages
@@ -221,8 +244,13 @@ def _read_message(message: Any, where: str) -> dict:
     if role not in ROLES:
         raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r:.40}",
                           f"{where}.role")
-    return {"role": role, "content": _read_content(message.get("content"), role,
-                                                   f"{where}.content")}
+    out = {"role": role, "content": _read_content(message.get("content"), role,
+                                                  f"{where}.content")}
+    if role == "assistant" and message.get("tool_calls"):
+        out["tool_calls"] = read_message_tool_calls(message, where)
+    if role == "tool":
+        out["tool_call_id"] = read_tool_call_id(message, where)
+    return out
 
 
 def _read_content(content: Any, role: str, where: str) -> str:

@@ -36,15 +36,18 @@ class ChoiceResult:
     """One finished choice of a non-streamed response.
 
     `text_offset` is where the first logprob token starts inside `text` (completions only):
-    0 normally, the prompt's length when the prompt was echoed in front.
+    0 normally, the prompt's length when the prompt was echoed in front. A chat choice that
+    called tools has `tool_calls` (OpenAI's message.tool_calls) and `text` None when it wrote
+    nothing else.
     """
 
     index: int
-    text: str
+    text: str | None
     finish_reason: str | None
     logprobs: Sequence[LogprobToken] | None = None
     text_offset: int = 0
     prompt_logprobs: list | None = None  # vLLM's shape (prompt_logprobs_entries), when asked
+    tool_calls: list[dict] | None = None
 
 
 def prompt_logprobs_entries(entries: Sequence, token_text) -> list:
@@ -169,14 +172,20 @@ def completion_usage_chunk(id: str, model: str, created: int, usage: dict) -> di
 def chat_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
                   usage: dict) -> dict:
     body = {"id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": c.index,
-                         "message": {"role": "assistant", "content": c.text},
+            "choices": [{"index": c.index, "message": _chat_message(c),
                          "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
                          "finish_reason": c.finish_reason} for c in choices],
             "usage": usage}
     if choices and choices[0].prompt_logprobs is not None:  # vLLM: once, beside the choices
         body["prompt_logprobs"] = choices[0].prompt_logprobs
     return body
+
+
+def _chat_message(c: ChoiceResult) -> dict:
+    message: dict = {"role": "assistant", "content": c.text}
+    if c.tool_calls:
+        message["tool_calls"] = c.tool_calls
+    return message
 
 
 def completion_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],

@@ -2,6 +2,9 @@
 
 chat, per choice: a first chunk with delta {"role": "assistant", "content": ""}, then content
 deltas, then an empty delta carrying finish_reason.
+chat with tools offered: the first delta's content is null, the output is read for tool calls
+(gateway/openai/tool_stream.py), each `delta.tool_calls` entry goes in a chunk of its own, and
+a choice that called tools and ended by itself finishes with "tool_calls".
 completion, per choice: text deltas, then an empty text carrying finish_reason.
 With stream_options.include_usage, every chunk carries "usage": null and `usage()` gives one last
 chunk with no choices and the whole request's usage, as OpenAI's server does.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.openai.json_calls import Parsed
 from gateway.openai.responses import (
     LogprobToken,
     chat_chunk,
@@ -19,13 +23,16 @@ from gateway.openai.responses import (
     completion_logprobs,
     completion_usage_chunk,
 )
+from gateway.openai.tool_stream import finish_reason, reader_for
+from gateway.openai.tools import ToolSpec
 
 
 class StreamChunker:
     """Chunk builder for one streamed request; remembers each choice's text offset."""
 
     def __init__(self, kind: str, id: str, model: str, created: int,
-                 include_usage: bool = False, echo: str | None = None):
+                 include_usage: bool = False, echo: str | None = None,
+                 tools: ToolSpec | None = None):
         self.kind = kind
         self.id = id
         self.model = model
@@ -34,6 +41,8 @@ class StreamChunker:
         self.echo = echo  # completions with echo: the prompt, sent first in each choice
         self._chars_sent: dict[int, int] = {}  # per choice: for completions' text_offset
         self._started: set[int] = set()
+        self.tools = tools if kind == "chat" else None
+        self._readers: dict[int, object] = {}  # per choice, when its output may hold calls
 
     def chunks(self, delta) -> list[dict]:
         """Every chunk one choice delta (gateway.serving.service.ChoiceDelta) becomes, in order: the
@@ -44,17 +53,47 @@ class StreamChunker:
             out += self.start(i)
             if self.echo:
                 out.append(self.delta(i, self.echo))
+        reader = self.reader(i)
+        if reader is not None:
+            return out + self._tool_chunks(i, reader, delta)
         if delta.text or delta.logprobs:
             out.append(self.delta(i, delta.text, delta.logprobs))
         if delta.finish_reason is not None:
             out.append(self.finish(i, delta.finish_reason))
         return out
 
+    def reader(self, index: int):
+        """The tool-call reader of choice `index` (None: its output is plain content)."""
+        if index not in self._readers:
+            self._readers[index] = reader_for(self.tools)
+        return self._readers[index]
+
+    def _tool_chunks(self, i: int, reader, delta) -> list[dict]:
+        parsed = reader.feed(delta.text)
+        if delta.finish_reason is not None:
+            parsed.extend(reader.finish())
+        out = self._parsed_chunks(i, parsed)
+        if delta.logprobs:  # the tokens' logprobs ride on the first chunk they produced
+            formatted = chat_logprobs(delta.logprobs)
+            if out:
+                out[0]["choices"][0]["logprobs"] = formatted
+            else:
+                out.append(self._chunk(i, {}, None, formatted))
+        if delta.finish_reason is not None:
+            out.append(self.finish(i, finish_reason(delta.finish_reason, reader)))
+        return out
+
+    def _parsed_chunks(self, i: int, parsed: Parsed) -> list[dict]:
+        out = [self._chunk(i, {"content": parsed.content}, None)] if parsed.content else []
+        return out + [self._chunk(i, {"tool_calls": [entry]}, None)
+                      for entry in parsed.tool_calls]
+
     def start(self, index: int) -> list[dict]:
         """Chunks to send before choice `index`'s first token: the role, for chat."""
         if self.kind != "chat":
             return []
-        return [self._chunk(index, {"role": "assistant", "content": ""}, None)]
+        content = None if self.reader(index) is not None else ""
+        return [self._chunk(index, {"role": "assistant", "content": content}, None)]
 
     def delta(self, index: int, text: str,
               logprobs: Sequence[LogprobToken] | None = None) -> dict:

@@ -38,8 +38,10 @@ def parse_tokenize(body: Any) -> TokenizeRequest:
     if has_prompt == has_messages:
         raise bad_request("send exactly one of prompt (a text) or messages (a chat)",
                           "prompt" if has_messages else "messages")
-    # only the text fields: sampling fields have no meaning here and are not read
-    text_only = {k: body[k] for k in ("prompt", "messages") if k in body}
+    # only what the prompt is made of (the text, and the tools a chat offers): sampling
+    # fields have no meaning here and are not read
+    text_only = {k: body[k] for k in ("prompt", "messages", "tools", "tool_choice")
+                 if k in body}
     request = parse_completion_request(text_only) if has_prompt else parse_chat_request(text_only)
     if isinstance(request.prompt, tuple):
         raise bad_request("prompt must be a text; token ids are already tokens", "prompt")

@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import orjson
+
 from gateway.errors import APIError, bad_request, rate_limited, server_error
 from gateway.openai.requests import GenerationRequest
 from gateway.openai.responses import LogprobToken, new_id, prompt_logprobs_entries
@@ -100,10 +102,13 @@ class GenerationService:
                         add_special_tokens: bool = False) -> tuple[str, list[int]]:
         if request.kind == "chat":
             messages = list(request.messages)
-            self._check_no_special_tokens(messages)
+            texts = list(_chat_texts(request))
+            self._check_no_special_tokens(texts)
             # refused on its size before the template runs: rendering costs per message
-            self._check_fits(sum(_utf8_size(m["content"]) for m in messages), "messages")
-            text = await self._render(messages, add_generation_prompt)
+            self._check_fits(sum(_utf8_size(t) for _, t in texts), "messages")
+            tools = request.tools.offered if request.tools is not None else None
+            text = await self._render(messages, add_generation_prompt, tools,
+                                      sum(len(t) for _, t in texts))
             return text, await self._encode(text, "messages")
         if isinstance(request.prompt, str):
             return request.prompt, await self._encode(request.prompt, "prompt",
@@ -120,14 +125,15 @@ class GenerationService:
                 raise bad_request(f"{param}[{i}] is token {t}, outside the vocabulary "
                                   f"[0, {self.vocab_size})", param=param)
 
-    async def _render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template, in a thread when the conversation is long: Jinja takes about
-        10 us a message, and the event loop serves every other stream meanwhile."""
+    async def _render(self, messages: list[dict], add_generation_prompt: bool,
+                      tools: list[dict] | None, chars: int) -> str:
+        """The chat template (with the tools it offers), in a thread when the conversation is
+        long: Jinja takes about 10 us a message, and the event loop serves every other stream
+        meanwhile."""
         render = self.tokenizer.apply_chat_template
-        if len(messages) <= THREAD_RENDER_MESSAGES and \
-                sum(len(m["content"]) for m in messages) <= THREAD_TOKENIZE_BYTES:
-            return render(messages, add_generation_prompt)
-        return await asyncio.to_thread(render, messages, add_generation_prompt)
+        if len(messages) <= THREAD_RENDER_MESSAGES and chars <= THREAD_TOKENIZE_BYTES:
+            return render(messages, add_generation_prompt, tools)
+        return await asyncio.to_thread(render, messages, add_generation_prompt, tools)
 
     async def _encode(self, text: str, param: str, add_special_tokens: bool = False) -> list[int]:
         """Tokenize, refusing first (cheaply) a text too long to fit whatever its tokens, so
@@ -153,18 +159,17 @@ class GenerationService:
                            f"{self.max_model_len} tokens", param=param,
                            code="context_length_exceeded")
 
-    def _check_no_special_tokens(self, messages) -> None:
+    def _check_no_special_tokens(self, texts: list[tuple[str, str]]) -> None:
+        """`texts` are (param, text): every text the template will place, tools included."""
         if self.special_pattern is None:
             return
-        for i, message in enumerate(messages):
-            content = message["content"]
-            if self.special_pattern.search(content) is None:
+        for param, text in texts:
+            if self.special_pattern.search(text) is None:
                 continue
             for special in self.special_texts:  # name the first in sorted order, as always
-                if special in content:
-                    raise bad_request(f"messages[{i}].content contains the control token "
-                                      f"{special!r}, which only the chat template may place",
-                                      param=f"messages[{i}].content",
+                if special in text:
+                    raise bad_request(f"{param} contains the control token {special!r}, "
+                                      "which only the chat template may place", param=param,
                                       code="control_token_in_content")
 
     # ---- queue, worker, stream ----------------------------------------------------------
@@ -241,6 +246,22 @@ class GenerationService:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _chat_texts(request: GenerationRequest):
+    """(param, text) for every client text a chat prompt is rendered from: message contents,
+    earlier calls and results, and the tools' names, descriptions and parameters."""
+    for i, m in enumerate(request.messages or ()):
+        yield f"messages[{i}].content", m["content"]
+        for j, call in enumerate(m.get("tool_calls", ())):
+            where = f"messages[{i}].tool_calls[{j}]"
+            yield f"{where}.id", call["id"]
+            yield f"{where}.function.name", call["function"]["name"]
+            yield f"{where}.function.arguments", call["function"]["arguments"]
+        if "tool_call_id" in m:
+            yield f"messages[{i}].tool_call_id", m["tool_call_id"]
+    for k, function in enumerate(request.tools.functions if request.tools else ()):
+        yield f"tools[{k}].function", orjson.dumps(function.as_tool()).decode()
 
 
 def _utf8_size(text: str) -> int:

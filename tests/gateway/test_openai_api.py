@@ -99,7 +99,7 @@ def test_content_parts_are_joined_and_roles_kept():
     assert req.messages == ({"role": "developer", "content": "a\nb"},
                             {"role": "user", "content": "q"},
                             {"role": "assistant", "content": ""},
-                            {"role": "tool", "content": "42"})
+                            {"role": "tool", "content": "42", "tool_call_id": "t1"})
 
 
 def test_harmless_defaults_of_unsupported_fields_pass():
@@ -158,9 +158,9 @@ BAD_CHAT = [
     (chat(stream=True, stream_options=[]), "stream_options"),
     (chat(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
     (chat(ignore_eos=0), "ignore_eos"),
-    (chat(tools=[{"type": "function"}]), "tools"),
+    (chat(tools=[{"type": "function"}]), "tools[0].function"),
     (chat(logit_bias={"1": 5}), "logit_bias"),
-    (chat(response_format={"type": "json_object"}), "response_format"),
+    (chat(response_format={"type": "json"}), "response_format.type"),
     (chat(best_of=2), "best_of"),
     ({"messages": None}, "messages"),
     ({}, "messages"),

@@ -1,0 +1,257 @@
+"""Structured outputs on the API: OpenAI's `response_format`, vLLM's `structured_outputs` and its
+older `guided_*` fields, read into the one constraint spec the engine takes.
+
+The spec (runtime SamplingParams.structured) is plain JSON, one of:
+  {"type": "json"}                          any JSON object (json_object)
+  {"type": "json", "schema": {...}}         a value matching a JSON Schema
+  {"type": "regex", "pattern": "..."}       text matching a regular expression
+  {"type": "choice", "choices": [...]}      exactly one of the strings
+  {"type": "grammar", "grammar": "..."}     text of an EBNF / Lark grammar
+each with "param": the API param the engine names when it refuses the constraint (too large,
+too slow to compile, a regex or grammar it cannot read), so that refusal is a 400 naming it too.
+
+JSON schemas are checked here, before anything is queued (`check_schema`): the Draft 2020-12
+meta-schema, keywords no token grammar can enforce, every `$ref` resolving inside the document,
+and caps on size and nesting. Regex and grammar syntax are left to the engine: its dialects, not
+Python's, decide what they mean.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import orjson
+from referencing import Registry, Resource
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+from gateway.errors import bad_request
+from gateway.openai.json_fields import check_length
+
+MAX_SCHEMA_BYTES = 64 * 1024  # compact JSON; the meta-schema check costs about 10 us a byte
+MAX_SCHEMA_DEPTH = 64  # nested objects and arrays; deeper would only exhaust the checker's stack
+MAX_REGEX_CHARS = 4096
+MAX_GRAMMAR_BYTES = 64 * 1024
+MAX_CHOICES, MAX_CHOICE_CHARS = 256, 1024
+# keywords that need the whole value, or relations between its parts, to decide: no grammar
+# over tokens can enforce them (the engines we use report them unimplemented), so they are
+# refused rather than silently ignored
+UNSUPPORTED_KEYWORDS = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas",
+                        "contains", "minContains", "maxContains", "propertyNames",
+                        "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
+                        "$dynamicAnchor", "$recursiveRef")
+NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's for schema and function names
+GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+          "guided_grammar": "grammar"}
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
+# options of vLLM's structured_outputs that change only how, never whether, output is valid
+STRUCTURED_OPTIONS = ("disable_fallback", "disable_any_whitespace",
+                      "disable_additional_properties", "whitespace_pattern", "backend")
+
+# where subschemas sit inside a schema: the walk follows only these, so a property that happens
+# to be called "not" is a name, not a keyword
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_SCHEMA_ONE = ("additionalProperties", "items", "contains", "not", "if", "then", "else",
+               "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+
+_META = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA)
+_BASE_URI = "urn:inferstack:schema"
+# clients resend the same schema with every request: its verdict is kept (by digest)
+_VERDICTS: OrderedDict[bytes, tuple[str, str] | None] = OrderedDict()
+_MAX_VERDICTS = 256
+
+
+def read_structured(body: dict) -> dict | None:
+    """The output constraint of a request, or None. At most one of response_format (other than
+    text), structured_outputs and the guided_* fields may be sent."""
+    found = []
+    if body.get("response_format") is not None:
+        spec = _response_format(body["response_format"])
+        if spec is not None:
+            found.append(("response_format", spec))
+    if body.get("structured_outputs") is not None:
+        found.append(("structured_outputs", _structured_outputs(body["structured_outputs"])))
+    for name, kind in GUIDED.items():
+        if body.get(name) is not None:
+            found.append((name, _constraint(kind, body[name], name)))
+    if len(found) > 1:
+        raise bad_request(f"{found[1][0]} cannot be combined with {found[0][0]}: send one "
+                          "constraint on the output", found[1][0])
+    return found[0][1] if found else None
+
+
+def _response_format(value: Any) -> dict | None:
+    if not isinstance(value, dict):
+        raise bad_request("response_format must be an object", "response_format")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json", "param": "response_format"}
+    if kind != "json_schema":
+        raise bad_request("response_format.type must be one of text, json_object, json_schema, "
+                          f"got {kind!r:.40}", "response_format.type")
+    where = "response_format.json_schema"
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise bad_request(f"{where} must be an object with name and schema", where)
+    name = spec.get("name")
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise bad_request(f"{where}.name must be 1 to 64 letters, digits, _ or -", f"{where}.name")
+    for field, kind_ok in (("strict", bool), ("description", str)):
+        if spec.get(field) is not None and not isinstance(spec[field], kind_ok):
+            raise bad_request(f"{where}.{field} must be a {kind_ok.__name__}", f"{where}.{field}")
+    if spec.get("schema") is None:  # OpenAI's: no schema, any JSON object
+        return {"type": "json", "param": where}
+    return _json_spec(spec["schema"], f"{where}.schema")
+
+
+def _structured_outputs(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise bad_request("structured_outputs must be an object", "structured_outputs")
+    kinds = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
+    if value.get("json_object"):  # vLLM's spelling of response_format json_object
+        kinds.append("json_object")
+    for key in value:
+        if key not in (*STRUCTURED_KINDS, "json_object", *STRUCTURED_OPTIONS):
+            raise bad_request(f"structured_outputs.{key:.40} is not supported by this server",
+                              f"structured_outputs.{key:.40}")
+    if len(kinds) != 1:
+        raise bad_request("structured_outputs needs exactly one of json, regex, choice, "
+                          f"grammar, got {len(kinds)}", "structured_outputs")
+    if kinds[0] == "json_object":
+        return {"type": "json", "param": "structured_outputs.json_object"}
+    return _constraint(kinds[0], value[kinds[0]], f"structured_outputs.{kinds[0]}")
+
+
+def _constraint(kind: str, value: Any, param: str) -> dict:
+    if kind == "json":
+        if isinstance(value, str):  # vLLM takes a schema as JSON text too
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                raise bad_request(f"{param} is not valid JSON", param) from None
+        return _json_spec(value, param)
+    if kind == "choice":
+        if not isinstance(value, list) or not value:
+            raise bad_request(f"{param} must be a non-empty array of strings", param)
+        check_length(param, value, MAX_CHOICES)
+        if not all(isinstance(c, str) and 0 < len(c) <= MAX_CHOICE_CHARS for c in value):
+            raise bad_request(f"{param} must hold non-empty strings of at most "
+                              f"{MAX_CHOICE_CHARS} characters", param)
+        return {"type": "choice", "choices": list(dict.fromkeys(value)), "param": param}
+    limit, unit = (MAX_REGEX_CHARS, "characters") if kind == "regex" else \
+        (MAX_GRAMMAR_BYTES, "bytes")
+    if not isinstance(value, str) or not value:
+        raise bad_request(f"{param} must be a non-empty string", param)
+    size = len(value) if kind == "regex" else len(value.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise bad_request(f"{param} is {size} {unit}; at most {limit} are allowed", param)
+    return {"type": kind, "pattern" if kind == "regex" else "grammar": value, "param": param}
+
+
+def _json_spec(schema: Any, param: str) -> dict:
+    check_schema(schema, param)
+    return {"type": "json", "schema": schema, "param": param}
+
+
+# JSON Schema checks
+
+def check_schema(schema: Any, param: str) -> None:
+    """A 400 naming `param` unless `schema` is a JSON Schema (Draft 2020-12) the engine can
+    enforce: an object, within the caps, meta-schema valid, no unsupported keyword, no `$ref`
+    that resolves to nothing inside the document (nothing is ever fetched)."""
+    if not isinstance(schema, dict):
+        raise bad_request(f"{param} must be a JSON Schema object", param)
+    raw = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    if len(raw) > MAX_SCHEMA_BYTES:
+        raise bad_request(f"{param} is {len(raw)} bytes of JSON; at most {MAX_SCHEMA_BYTES} "
+                          "are allowed", param)
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
+        raise bad_request(f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels", param)
+    digest = hashlib.sha256(raw).digest()
+    if digest not in _VERDICTS:
+        _VERDICTS[digest] = _verdict(schema)
+        if len(_VERDICTS) > _MAX_VERDICTS:
+            _VERDICTS.popitem(last=False)
+    _VERDICTS.move_to_end(digest)
+    verdict = _VERDICTS[digest]
+    if verdict is not None:
+        why, where = verdict
+        raise bad_request(f"{param} {why}" + (f" (at {where})" if where else ""), param)
+
+
+def _verdict(schema: dict) -> tuple[str, str] | None:
+    """None when the schema passes, else (what is wrong, a JSON pointer to where)."""
+    if not _META.is_valid(schema):  # the details only when needed: they cost as much again
+        error = jsonschema.exceptions.best_match(_META.iter_errors(schema))
+        pointer = "".join(f"/{p}" for p in error.path) if error is not None else ""
+        return f"is not a valid JSON Schema: {error.message:.200}", pointer or "/"
+    try:
+        root = Resource.from_contents(schema, default_specification=DRAFT202012)
+        resolver = Registry().with_resource(_BASE_URI, root).crawl() \
+            .resolver(_BASE_URI).in_subresource(root)
+    except Exception as exc:  # noqa: BLE001 - referencing's own errors have no common base
+        return f"cannot be read for references: {exc!s:.200}", "/"
+    for pointer, sub, scope in walk(schema, resolver):
+        for keyword in UNSUPPORTED_KEYWORDS:
+            if keyword in sub:
+                return f"uses {keyword}, which this server cannot enforce", pointer
+        if sub.get("uniqueItems") is True:
+            return "uses uniqueItems, which this server cannot enforce", pointer
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and not _resolves(scope, ref):
+            return f"has a dangling $ref {ref!r:.100}: it resolves to no schema here", pointer
+    return None
+
+
+def walk(schema: dict, resolver=None, pointer: str = "") -> Iterator[tuple[str, dict, Any]]:
+    """Every subschema (objects only) with its JSON pointer and, when given a resolver, the
+    resolver for its base URI (a subschema with its own `$id` starts a new base)."""
+    stack = [(pointer, schema, resolver)]
+    while stack:
+        where, sub, scope = stack.pop()
+        if scope is not None and "$id" in sub and where:
+            scope = scope.in_subresource(Resource.from_contents(sub, DRAFT202012))
+        yield where, sub, scope
+        for key in _SCHEMA_MAPS:
+            if isinstance(sub.get(key), dict):
+                stack += [(f"{where}/{key}/{name}", s, scope) for name, s in sub[key].items()
+                          if isinstance(s, dict)]
+        for key in _SCHEMA_LISTS:
+            if isinstance(sub.get(key), list):
+                stack += [(f"{where}/{key}/{i}", s, scope) for i, s in enumerate(sub[key])
+                          if isinstance(s, dict)]
+        for key in _SCHEMA_ONE:
+            if isinstance(sub.get(key), dict):
+                stack.append((f"{where}/{key}", sub[key], scope))
+
+
+def _resolves(resolver, ref: str) -> bool:
+    try:
+        return isinstance(resolver.lookup(ref).contents, (dict, bool))
+    except Unresolvable:
+        return False
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level > MAX_SCHEMA_DEPTH:
+                return level
+            stack += [(v, level + 1) for v in (item.values() if isinstance(item, dict) else item)]
+    return deepest
+
+
+__all__ = ["read_structured", "check_schema", "walk", "MAX_SCHEMA_BYTES",
+           "MAX_SCHEMA_DEPTH", "MAX_REGEX_CHARS", "MAX_GRAMMAR_BYTES", "MAX_CHOICES",
+           "MAX_CHOICE_CHARS", "UNSUPPORTED_KEYWORDS", "NAME_PATTERN"]
