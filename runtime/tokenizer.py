@@ -163,11 +163,11 @@ class Tokenizer:
         """Token ids of `text`; BOS is added only when asked and the model wants one."""
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_without_gil(self, text: str) -> list[int]:
+    def encode_without_gil(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """`encode(text)`, releasing the GIL while the Rust tokenizer runs (its batch entry
         point does; the single one does not), so a long text can be tokenized in a thread
         while the event loop goes on."""
-        return self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -141,11 +141,10 @@ class GenerationService:
         the GIL (about 0.6 ms per kB on one core): every other stream goes on meanwhile."""
         size = _utf8_size(text)
         self._check_fits(size, param)
-        if add_special_tokens:
-            return await asyncio.to_thread(self.tokenizer.encode, text, True)
         if size <= THREAD_TOKENIZE_BYTES:
-            return self.tokenizer.encode(text)
-        return await asyncio.to_thread(self.tokenizer.encode_without_gil, text)
+            return self.tokenizer.encode(text, add_special_tokens)
+        return await asyncio.to_thread(self.tokenizer.encode_without_gil, text,
+                                       add_special_tokens)
 
     def _check_fits(self, size: int, param: str) -> None:
         """No token covers more than `max_token_bytes`: a longer text cannot fit the context."""

@@ -55,14 +55,12 @@ def test_an_unknown_model_is_404_and_nothing_is_billed(gw):
 
 
 def test_every_served_name_works_and_answers_under_the_first(gw):
-    for name in (*NAMES, None):
-        kwargs = {"model": name} if name else {}
-        if name is None:  # the SDK insists on a model: send the body without one
-            status, body = post(gw, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3})
-            assert status == 200 and body["model"] == NAMES[0]
-            continue
-        r = client(gw).chat.completions.create(messages=CHAT, max_tokens=3, **kwargs)
+    for name in NAMES:
+        r = client(gw).chat.completions.create(model=name, messages=CHAT, max_tokens=3)
         assert r.model == NAMES[0] and r.usage.completion_tokens == 3
+    # no model named (the SDK insists on one, so the body goes raw): the served one
+    status, body = post(gw, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 3})
+    assert status == 200 and body["model"] == NAMES[0]
 
 
 def test_a_tenant_limited_to_an_alias_may_use_the_model_under_any_name(gw):
