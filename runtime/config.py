@@ -24,6 +24,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = "model"
+    # how the file stores its matrices: "float", or the GGUF type most of them have ("Q4_1");
+    # `--quantization auto` quantizes only what the file had quantized
+    weight_format: str = "float"
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -56,6 +59,9 @@ class EngineConfig:
     spec_max_batch: int = 4  # no speculation in steps decoding more requests than this
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    quantization: str = "auto"  # auto | none | int8 | int4 (runtime/quantization.py)
+    quant_max_rows: int | None = None  # steps of at most this many rows use the quantized
+    # kernel; None: measured per weight shape at start (runtime/linear_calibration.py)
     seed: int = 0
 
     def __post_init__(self) -> None:

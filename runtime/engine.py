@@ -64,9 +64,7 @@ class LLMEngine(Disaggregation):
         drafter = self.runner.drafter
         if drafter is None:
             return 0.0
-        size = lambda m: sum(layer.qkv_weight.numel() + layer.o_weight.numel()  # noqa: E731
-                             + layer.gate_up_weight.numel() + layer.down_weight.numel()
-                             for layer in m.layers) + m.lm_head.numel()
+        size = lambda m: sum(lin.weight.numel() for lin in m.linears())  # noqa: E731
         return size(drafter.model) / size(self.runner.model)
 
     @property
@@ -78,7 +76,8 @@ class LLMEngine(Disaggregation):
             stamp = f"{st.st_size}:{int(st.st_mtime)}"
         except OSError:
             stamp = "?"
-        return f"{self.model_config.name}|{os.path.abspath(src)}|{stamp}|{self.runner.dtype}"
+        return (f"{self.model_config.name}|{os.path.abspath(src)}|{stamp}|{self.runner.dtype}"
+                f"|{self.runner.model.quantization}")
 
     def _open_disk_cache(self) -> DiskKVCache | None:
         if not (self.config.enable_prefix_caching and self.config.disk_cache_dir):
@@ -275,7 +274,7 @@ class LLMEngine(Disaggregation):
         return {"model": self.model_config.name, "max_model_len": self.max_model_len,
                 "vocab_size": self.model_config.vocab_size, "num_blocks": self.runner.num_blocks,
                 "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
-                "device": str(self.runner.device),
+                "device": str(self.runner.device), "quantization": self.runner.model.quantization,
                 "eos_token_ids": list(self.model_config.eos_token_ids)}
 
     def snapshot(self) -> dict:

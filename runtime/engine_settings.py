@@ -39,6 +39,9 @@ class EngineSettings:
     by the flag builders below: bool becomes a switch, int and float typed values."""
 
     device: str = setting(_ENGINE.device, "cpu or cuda")
+    quantization: str = setting(_ENGINE.quantization,
+                                "weights: auto (int8 for a quantized GGUF on a vectorized CPU), "
+                                "none, int8 or int4")
     kv_cache_gb: float = setting(_ENGINE.kv_cache_bytes / GIB, "KV-cache memory per worker, GiB",
                                  "kv_cache_bytes", _gib_to_bytes)
     max_num_seqs: int = setting(_ENGINE.max_num_seqs, "running requests per worker")

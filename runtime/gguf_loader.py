@@ -220,7 +220,21 @@ def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:
         head_dim=meta.get(f"{arch}.attention.key_length"),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in [meta.get("tokenizer.ggml.eos_token_id")] if i is not None),
+        weight_format=_weight_format(tensors),
     )
+
+
+def _weight_format(tensors: dict) -> str:
+    """The GGUF type most matrices have, by element count (norms are always F32)."""
+    from gguf import GGMLQuantizationType
+
+    counts: dict[str, int] = {}
+    for t in tensors.values():
+        if len(t.shape) == 2:
+            name = GGMLQuantizationType(t.ggml_type).name
+            counts[name] = counts.get(name, 0) + math.prod(t.shape)
+    top = max(counts, key=counts.__getitem__) if counts else "F32"
+    return "float" if top in ("F32", "F16", "BF16") else top
 
 
 def hf_name(gguf_name: str, path: str = "") -> str:

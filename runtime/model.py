@@ -1,8 +1,10 @@
 """A Llama-family decoder (Llama, Mistral, Qwen2, SmolLM) over a paged KV cache.
 
 Weights arrive with Hugging Face names; q/k/v and gate/up are fused into one matmul each,
-which is what makes the CPU path fast. Tokens of all requests in a step are flattened into one
-[T, hidden] batch; only attention knows about request boundaries (see runtime/attention.py).
+which is what makes the CPU path fast, and each matmul is a `runtime/linear.py` Linear: float,
+or weight-only quantized for small steps (`quantization` int8/int4). Tokens of all requests in
+a step are flattened into one [T, hidden] batch; only attention knows about request boundaries
+(see runtime/attention.py).
 """
 from __future__ import annotations
 
@@ -12,22 +14,49 @@ import torch.nn.functional as F
 import kernels
 from runtime.attention import AttentionMetadata, PagedAttention
 from runtime.config import ModelConfig
+from runtime.linear import Linear
+from runtime.linear_calibration import Calibration
+from runtime.quantization import quantize
+
+
+class LinearMaker:
+    """Builds the model's Linears in one format; with quantization, the packed weight, its
+    float dequantization (the large-step path) and the measured crossover between them."""
+
+    def __init__(self, quantization: str, dtype: torch.dtype, calibration: Calibration | None,
+                 max_quant_rows: int | None):
+        self.quantization = quantization
+        self.dtype = dtype
+        self.calibration = calibration or Calibration(None)
+        self.max_quant_rows = max_quant_rows  # None: measured per shape
+        self.packed_bytes = 0
+
+    def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+        if self.quantization == "none":
+            return Linear(weight.contiguous(), bias)
+        packed = quantize(weight, self.quantization)
+        self.packed_bytes += packed.nbytes
+        dense = packed.dequantized().to(self.dtype).contiguous()
+        rows = self.max_quant_rows
+        if rows is None:
+            rows = self.calibration.max_quant_rows(self.quantization, dense, packed)
+        return Linear(dense, bias, packed, rows)
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], prefix: str):
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], prefix: str,
+                 linear: LinearMaker):
         a = prefix + "self_attn."
-        self.qkv_weight = torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
-                                     w[a + "v_proj.weight"]]).contiguous()
-        self.qkv_bias = None
+        qkv_bias = None
         if cfg.attention_bias or (a + "q_proj.bias") in w:
-            self.qkv_bias = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
-                                       w[a + "v_proj.bias"]]).contiguous()
-        self.o_weight = w[a + "o_proj.weight"].contiguous()
+            qkv_bias = torch.cat([w[a + "q_proj.bias"], w[a + "k_proj.bias"],
+                                  w[a + "v_proj.bias"]]).contiguous()
+        self.qkv = linear(torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
+                                     w[a + "v_proj.weight"]]), qkv_bias)
+        self.o_proj = linear(w[a + "o_proj.weight"])
         m = prefix + "mlp."
-        self.gate_up_weight = torch.cat([w[m + "gate_proj.weight"],
-                                         w[m + "up_proj.weight"]]).contiguous()
-        self.down_weight = w[m + "down_proj.weight"].contiguous()
+        self.gate_up = linear(torch.cat([w[m + "gate_proj.weight"], w[m + "up_proj.weight"]]))
+        self.down = linear(w[m + "down_proj.weight"])
         self.input_norm = w[prefix + "input_layernorm.weight"]
         self.post_norm = w[prefix + "post_attention_layernorm.weight"]
         self.eps = cfg.rms_norm_eps
@@ -44,16 +73,16 @@ class DecoderLayer:
         else:
             h, residual = kernels.rms_norm(x, self.input_norm, self.eps, residual)
         t = h.shape[0]
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        qkv = self.qkv(h)
         nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # one rotary call covers the query and key heads together
         qk = kernels.apply_rotary(qkv[:, :nq + nk].view(t, -1, self.head_dim), meta.cos, meta.sin)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, nq + nk:].view(t, self.num_kv_heads, self.head_dim)
         attn = self.attn(q, k, v, k_cache, v_cache, meta)
-        h = F.linear(attn.reshape(t, nq), self.o_weight)
+        h = self.o_proj(attn.reshape(t, nq))
         h, residual = kernels.rms_norm(h, self.post_norm, self.eps, residual)
-        h = F.linear(kernels.silu_and_mul(F.linear(h, self.gate_up_weight)), self.down_weight)
+        h = self.down(kernels.silu_and_mul(self.gate_up(h)))
         return h, residual
 
 
@@ -61,17 +90,28 @@ class LlamaModel:
     """Inference-only: plain tensors, no autograd, no nn.Module bookkeeping per call."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor],
-                 device: str = "cpu", dtype: torch.dtype = torch.float32):
+                 device: str = "cpu", dtype: torch.dtype = torch.float32,
+                 quantization: str = "none", calibration: Calibration | None = None,
+                 max_quant_rows: int | None = None):
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
+        self.quantization = quantization
+        linear = LinearMaker(quantization, dtype, calibration, max_quant_rows)
         w = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
-        self.embed = w["model.embed_tokens.weight"]
-        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}.")
+        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}.", linear)
                        for i in range(cfg.num_hidden_layers)]
         self.norm = w["model.norm.weight"]
-        self.lm_head = w.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings \
-            else self.embed
+        embed = w["model.embed_tokens.weight"]
+        if cfg.tie_word_embeddings or "lm_head.weight" not in w:
+            # tied: the embedding rows are the head's weights, quantized alike
+            self.lm_head = linear(embed)
+            self.embed = self.lm_head.weight
+        else:
+            self.embed = embed.contiguous()
+            self.lm_head = linear(w["lm_head.weight"])
+        self.packed_bytes = linear.packed_bytes
+        linear.calibration.save()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
@@ -86,4 +126,9 @@ class LlamaModel:
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
+
+    def linears(self) -> list[Linear]:
+        """Every Linear, the head last (benchmarks time them; the engine counts their bytes)."""
+        return [lin for layer in self.layers
+                for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [self.lm_head]

@@ -17,13 +17,16 @@ import torch
 import kernels
 from runtime.attention import AttentionMetadata, PrefillSeq
 from runtime.config import EngineConfig, ModelConfig
+from runtime.linear_calibration import Calibration
 from runtime.model import LlamaModel
 from runtime.outputs import PromptLogprob, TokenLogprob
+from runtime.quantization import resolve as resolve_quantization
 from runtime.request import Request
 from runtime.sampler import Sampler, SamplingRow, score_tokens
 from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.verify import verify
 from runtime.structured.masks import MaskMaker, TokenMask
+from runtime.weight_cache import resolve_cache_dir
 
 # prompt positions scored per LM-head call: bounds the [rows, vocab] logits a long chunk makes
 PROMPT_LOGPROB_ROWS = 256
@@ -60,8 +63,8 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config)
-        self.model = LlamaModel(model_cfg, weights, config.device, self.dtype)
         self.model_cfg = model_cfg
+        self.model = self.build_model(model_cfg, weights)
         self.block_size = config.block_size
         self.num_blocks = num_kv_blocks(model_cfg, config, self.dtype)
         self.kv_caches = self._allocate_kv_cache()
@@ -70,6 +73,16 @@ class ModelRunner:
         self.drafter = None  # a model drafter for speculative decoding (self or draft model)
         self.masks: MaskMaker | None = None  # structured outputs' token masks (the engine's)
         self._generators: dict[str, torch.Generator] = {}  # seeded requests' own streams
+
+    def build_model(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor]
+                    ) -> LlamaModel:
+        """The model in this runner's device, dtype and (resolved) quantization; a draft
+        model is built here too, so it gets the same."""
+        quantization = resolve_quantization(self.config.quantization, model_cfg.weight_format,
+                                            self.device.type)
+        calibration = Calibration(resolve_cache_dir(None)) if quantization != "none" else None
+        return LlamaModel(model_cfg, weights, self.config.device, self.dtype, quantization,
+                          calibration, self.config.quant_max_rows)
 
     @property
     def block_shape(self) -> tuple[int, ...]:

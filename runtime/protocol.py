@@ -114,6 +114,7 @@ class Ready:
     eos_token_ids: list[int]
     tokenizer: str
     sampling_defaults: dict = field(default_factory=dict)  # the model's, for omitted fields
+    quantization: str = "none"  # how its weights are served (runtime/quantization.py)
     type: str = field(default="ready", init=False)
 
 

@@ -18,7 +18,7 @@ import torch
 from runtime.config import ModelConfig
 from runtime.tokenizer import Tokenizer
 
-FORMAT_VERSION = "1"  # bump when the stored layout or name mapping changes
+FORMAT_VERSION = "2"  # bump when the stored layout or name mapping changes
 DEFAULT_DIR = os.path.join("~", ".cache", "inferstack", "weights")
 
 

@@ -47,8 +47,11 @@ def smollm_checkpoint():
 def smollm_engine(smollm_checkpoint):
     from runtime.config import EngineConfig
     from runtime.engine import LLMEngine
+    # the float path: tests compare it with transformers on the file's own dequantized
+    # weights (the quantized path has its own, tests/runtime/test_quantization.py)
     return LLMEngine(smollm_checkpoint, EngineConfig(kv_cache_bytes=256 << 20,
-                                                     max_num_batched_tokens=256))
+                                                     max_num_batched_tokens=256,
+                                                     quantization="none"))
 
 
 @pytest.fixture(scope="session")

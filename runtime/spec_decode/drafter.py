@@ -46,7 +46,7 @@ class ModelDrafter:
         if cfg.vocab_size != runner.model_cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from "
                              f"the target's ({runner.model_cfg.vocab_size})")
-        model = LlamaModel(cfg, checkpoint.weights, str(runner.device), runner.dtype)
+        model = runner.build_model(cfg, checkpoint.weights)
         shape = (runner.num_blocks * runner.block_size, cfg.num_key_value_heads, cfg.head_dim)
         caches = [(torch.zeros(shape, dtype=runner.dtype, device=runner.device),
                    torch.zeros(shape, dtype=runner.dtype, device=runner.device))

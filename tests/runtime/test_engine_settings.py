@@ -18,11 +18,12 @@ SETTINGS = fields(EngineSettings)
 # A value off the default for every setting, and the EngineConfig fields it must become.
 NON_DEFAULT = {"device": "cuda", "kv_cache_gb": 0.5, "max_num_seqs": 8,
                "max_num_batched_tokens": 256, "prefix_caching": False,
-               "disk_cache_dir": "/tmp/kv-disk", "spec": "self:2", "num_spec_tokens": 3}
+               "disk_cache_dir": "/tmp/kv-disk", "spec": "self:2", "num_spec_tokens": 3,
+               "quantization": "int4"}
 NON_DEFAULT_ENGINE = EngineConfig(device="cuda", kv_cache_bytes=1 << 29, max_num_seqs=8,
                                   max_num_batched_tokens=256, enable_prefix_caching=False,
                                   disk_cache_dir="/tmp/kv-disk", spec="self:2",
-                                  num_spec_tokens=3)
+                                  num_spec_tokens=3, quantization="int4")
 
 
 @pytest.fixture
@@ -79,7 +80,8 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
                        "--kv-cache-gb", "0.5", "--max-num-seqs", "8",
                        "--max-num-batched-tokens", "256", "--no-prefix-caching",
                        "--disk-cache-dir", "/tmp/kv-disk", "--spec", "self:2",
-                       "--num-spec-tokens", "3", "--kv-store", "127.0.0.1:1", "--fake",
+                       "--num-spec-tokens", "3", "--quantization", "int4",
+                       "--kv-store", "127.0.0.1:1", "--fake",
                        "--fake-step-ms", "5"])
     assert (args.model, args.threads, args.kv_store, args.fake, args.fake_step_ms) == (
         "m.gguf", 2, "127.0.0.1:1", True, 5.0)

@@ -1,0 +1,39 @@
+"""A linear layer that picks its kernel by the number of rows in the step.
+
+Weight-only quantized kernels win when a step is small (a batch-1 decode reads the weights
+once and does little arithmetic on them) and lose when it is large (dequantizing inside the
+kernel costs more than float32 GEMM's arithmetic saves): measured on the 2-core machines,
+int8 ran a 576x49152 projection in 0.4x the time of float32 at 1 row and 1.7x at 64. So a
+quantized layer keeps both: the packed weight for steps of at most `max_quant_rows` rows and
+its exact float dequantization for larger ones (runtime/quantization.py explains why the two
+agree up to the activations' rounding). The crossover is measured per weight shape at start
+(runtime/linear_calibration.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from runtime.quantization import Int4Weight, Int8Weight
+
+
+class Linear:
+    __slots__ = ("weight", "bias", "packed", "max_quant_rows")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 packed: Int8Weight | Int4Weight | None = None, max_quant_rows: int = 0):
+        self.weight = weight  # float, [N, K]: the large-step path (and the reference)
+        self.bias = bias
+        self.packed = packed
+        self.max_quant_rows = max_quant_rows if packed is not None else 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= self.max_quant_rows:
+            assert self.packed is not None
+            y = self.packed.matmul(x)
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)  # type: ignore[return-value]

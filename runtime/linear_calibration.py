@@ -1,0 +1,112 @@
+"""Where the quantized kernel stops paying: measured per weight shape, cached on disk.
+
+For each distinct (format, N, K) the calibration times the quantized matmul against float32
+`F.linear` at growing row counts and keeps the largest count at which the quantized one is
+still faster; above it the float copy runs (runtime/linear.py). Timings depend on the CPU,
+the torch build and the thread count, so those name the cache entry; a start with a warm cache
+measures nothing. The measurement takes about a second for a 135M model on 2 cores.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from runtime.quantization import Int4Weight, Int8Weight
+
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_key(kind: str, shape: tuple[int, int]) -> str:
+    return (f"v{FORMAT_VERSION}|{_cpu_name()}|{torch.__version__}|"
+            f"{torch.backends.cpu.get_cpu_capability()}|threads={torch.get_num_threads()}|"
+            f"{kind}|{shape[0]}x{shape[1]}")
+
+
+def _seconds(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, weight: torch.Tensor, rows: int,
+                         repeats: int = 7) -> float:
+    """Median over pairs of (quantized time / float time), the two run back to back so that
+    a neighbour's burst slows both of a pair alike instead of deciding the comparison."""
+    x = torch.randn(rows, weight.shape[1])
+    packed.matmul(x), F.linear(x, weight)  # warm: first calls allocate and fault pages in
+    ratios = sorted(_seconds(lambda: packed.matmul(x)) / _seconds(lambda: F.linear(x, weight))
+                    for _ in range(repeats))
+    return ratios[len(ratios) // 2]
+
+
+def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor) -> int:
+    """The largest row count in ROWS at which `packed` beats float32, 0 if none; the counts
+    are tried in order and the search stops at the first loss (the gap only widens)."""
+    best = 0
+    for rows in ROWS:
+        if quant_to_dense_ratio(packed, weight, rows) >= 1.0:
+            break
+        best = rows
+    return best
+
+
+class Calibration:
+    """The crossover table, loaded from and saved to one JSON file in `cache_dir`."""
+
+    def __init__(self, cache_dir: str | None):
+        self.path = os.path.join(cache_dir, "linear-crossover.json") if cache_dir else None
+        self.table: dict[str, int] = self._load()
+        self.measured = 0  # shapes measured this start (0: all came from the cache)
+        self.seconds = 0.0
+
+    def max_quant_rows(self, kind: str, weight: torch.Tensor,
+                       packed: Int8Weight | Int4Weight) -> int:
+        key = cache_key(kind, tuple(weight.shape))  # type: ignore[arg-type]
+        if key not in self.table:
+            start = time.perf_counter()
+            self.table[key] = measure(packed, weight)
+            self.seconds += time.perf_counter() - start
+            self.measured += 1
+        return self.table[key]
+
+    def save(self) -> None:
+        if self.path is None or not self.measured:
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.table, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:  # a read-only cache costs a second at the next start, no more
+            log.warning("linear crossover table not saved: %s", e)
+
+    def _load(self) -> dict[str, int]:
+        if self.path is None or not os.path.exists(self.path):
+            return {}
+        try:
+            with open(self.path) as f:
+                table = json.load(f)
+            return {str(k): int(v) for k, v in table.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # garbled: measure again
