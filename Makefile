@@ -35,10 +35,13 @@ run: venv
 info: venv
 	$(PY) -m runtime info
 
-# real servers the tests start on loopback (Prometheus), from the distribution's packages when
-# missing; installing needs root, as on CI (elsewhere the tests that need it say how)
+# real servers the tests start on loopback (Prometheus, PostgreSQL, Redis), from the
+# distribution's packages when missing; installing needs root, as on CI (elsewhere the tests
+# that need them say how)
 services: venv
 	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.prometheus install
+	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.postgres install
+	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.redis install
 
 test: venv peers services
 	$(PY) -m pytest -q

@@ -6,10 +6,9 @@ import logging
 
 from aiohttp import web
 
-from gateway.billing.fairshare import FairShare
 from gateway.billing.keys import KeyStore
-from gateway.billing.ledger import Ledger
 from gateway.billing.pricing import PriceBook
+from gateway.billing.store_factory import budget_store, limit_store
 from gateway.config import GatewayConfig
 from gateway.http.browser_guard import browser_guard
 from gateway.http.error_middleware import error_middleware
@@ -57,9 +56,10 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
                                       config.affinity_margin)
     state.keys = KeyStore.from_toml(config.keys_file, state.served_names) \
         if config.keys_file else None
-    state.accounting = Accounting(state.inflight, PriceBook.load(config.prices),
-                                  Ledger(config.resolved_ledger_path()),
-                                  FairShare(config.fair_share_tokens_per_second))
+    state.accounting = Accounting(
+        state.inflight, PriceBook.load(config.prices),
+        budget_store(config.resolved_ledger_path(), config.state_url),
+        limit_store(config.fair_share_tokens_per_second, config.redis_url))
     state.feed = FeedHub()
     state.response_store = ResponseStore(config.responses_store_seconds, config.responses_store_max)
     state.snapshots = SnapshotBuilder(state)
@@ -164,6 +164,7 @@ def _on_transfer(app: web.Application, done: TransferDone) -> None:
 
 async def _lifecycle(app: web.Application):
     state = app[STATE]
+    await state.accounting.start()  # shared stores connect lazily: this never waits on them
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
              asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher"),
              asyncio.create_task(_feed_loop(state), name="feed")]
@@ -179,8 +180,7 @@ async def _lifecycle(app: web.Application):
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     await asyncio.gather(*(w.close() for w in state.workers), return_exceptions=True)
-    if state.accounting.ledger is not None:
-        state.accounting.ledger.close()
+    await state.accounting.close()  # the ledger's last rows; shared stores' last retries
     if state.telemetry is not None:
         await asyncio.to_thread(state.telemetry.shutdown)  # exporters may post to this loop
 

@@ -45,6 +45,8 @@ class GatewayConfig(EngineSettings):
     allow_insecure_no_auth: bool = False  # serve without keys on a non-loopback address
     prices: str = "seed"  # a preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML
     ledger_path: str | None = None  # SQLite ledger; None: <cache dir>/ledger.sqlite3
+    state_url: str | None = None  # postgresql://...: ledger and budgets shared by gateways
+    redis_url: str | None = None  # redis://...: rate limits and fair share shared by gateways
     fair_share_tokens_per_second: float = 1000.0
     telemetry: bool = True  # request spans and the live feed
     otlp_endpoint: str | None = None  # OTLP/HTTP collector base URL (traces and metrics)
@@ -150,6 +152,19 @@ def refuse_open_keyless(config: GatewayConfig) -> None:
         f"network is yours alone.")
 
 
+STORE_SCHEMES = {"state_url": ("postgresql", "postgres"), "redis_url": ("redis", "rediss", "unix")}
+
+
+def check_store_urls(config: GatewayConfig) -> None:
+    """A shared store's URL of the wrong kind stops the start, not the first request."""
+    for name, schemes in STORE_SCHEMES.items():
+        url = getattr(config, name)
+        if url and url.split("://", 1)[0] not in schemes:
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(f"{flag} takes a {' or '.join(s + '://' for s in schemes)} URL, "
+                             f"not {url.split('://', 1)[0]!r}...")
+
+
 # Help for the gateway's own settings; the engine settings carry theirs in their declaration.
 HELP = {
     "host": "address to listen on (loopback by default)", "port": "TCP port",
@@ -179,7 +194,14 @@ HELP = {
     "allow_insecure_no_auth": "allow serving without --keys-file on a non-loopback address: "
                               "anyone who reaches it is admin and unmetered",
     "prices": "price preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML file",
-    "ledger_path": "SQLite ledger of finished requests (default: in the cache folder)",
+    "ledger_path": "SQLite ledger of finished requests (default: in the cache folder); with "
+                   "--state-url, settlements waiting for PostgreSQL are kept beside it",
+    "state_url": "PostgreSQL URL (postgresql://user:password@host:port/db) holding the ledger "
+                 "and the budgets, shared by every gateway given it; unreachable, budgets fail "
+                 "closed with 503 (default: the SQLite ledger and budgets in this process)",
+    "redis_url": "Redis URL (redis://host:port/db) holding the per-tenant rate limits and the "
+                 "fair-share clock, shared by every gateway given it; unreachable, requests "
+                 "are refused with 503 (default: in this process)",
     "fair_share_tokens_per_second": "nominal rate converting tokens to fair-share time",
     "telemetry": "record request spans and serve the live feed (/admin/telemetry)",
     "otlp_endpoint": "OTLP/HTTP collector base URL, e.g. http://127.0.0.1:4318",
@@ -265,5 +287,6 @@ def load_config(argv: list[str] | None = None,
             values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
     config = GatewayConfig(**values)
     refuse_open_keyless(config)
+    check_store_urls(config)
     config.sampling_spec()  # refused now, not when the first worker is ready
     return config

@@ -66,6 +66,13 @@ def server_error(message: str = "internal server error") -> APIError:
     return APIError(500, message, "server_error")
 
 
+def store_unavailable(message: str, retry_after_s: float | None = None) -> APIError:
+    # a shared store (budgets, rate limits) did not answer: the request is refused rather than
+    # served unmetered, and the client may retry here or on another gateway
+    return APIError(503, message, "server_error", code="store_unavailable",
+                    headers=_retry_after(retry_after_s))
+
+
 def from_runtime_error(exc: Exception) -> APIError:
     """The HTTP error for an exception the runtime raised while admitting or running a request."""
     if isinstance(exc, PromptTooLongError):

@@ -38,6 +38,7 @@ class Reservation:
     period: str  # the period's start, ISO
     amount: float
     settled: bool = False
+    request_id: str = ""  # a shared store's key for it (the request's ledger id)
 
 
 class BudgetBook:

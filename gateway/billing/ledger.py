@@ -68,7 +68,7 @@ class LedgerRow:
 class Ledger:
     def __init__(self, path: str):
         self.path = path
-        _create_private(path)
+        create_private(path)
         with self._connect() as db:
             db.executescript(SCHEMA)
         self._rows: queue.Queue = queue.Queue()
@@ -162,7 +162,7 @@ class Ledger:
             return [dict(zip(names, r)) for r in db.execute(sql, args).fetchall()]
 
 
-def _create_private(path: str) -> None:
+def create_private(path: str) -> None:
     """Create the database file 0600 (and a new folder for it 0700), whatever the umask, and
     tighten an existing database, -wal or -shm file that group or others could read."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)

@@ -27,7 +27,7 @@ async def tokenize(request: web.Request) -> web.Response:
     body = await read_json(request, state.config.body_timeout_seconds)
     parsed = parse_tokenize(body)
     check_model(state, key.tenant, parsed.model)
-    state.accounting.admit_request(key)
+    await state.accounting.take_request(key)
     ids = await service.tokenize(parsed.request, parsed.add_generation_prompt,
                                  parsed.add_special_tokens)
     strs = [service.token_text(t) for t in ids] if parsed.return_token_strs else None
@@ -41,7 +41,7 @@ async def detokenize(request: web.Request) -> web.Response:
     body = await read_json(request, state.config.body_timeout_seconds)
     model, ids = parse_detokenize(body, service.max_model_len)
     check_model(state, key.tenant, model)
-    state.accounting.admit_request(key)
+    await state.accounting.take_request(key)
     return json_response(detokenize_response(service.detokenize(ids)))
 
 

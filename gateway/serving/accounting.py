@@ -7,6 +7,11 @@ for what it produced, an abort included), dropped from the queue before any work
 returns the reservation, refunds unused rate-limit tokens, corrects the fair-share clock and
 writes the ledger row. The row's commit is a future on the request's record (`committed`): an
 answer's final usage waits for it, so a client never holds a bill the ledger could lose.
+
+Budgets and the ledger live in a `BudgetStore`, rate limits and the fair-share clock in a
+`LimitStore` (gateway/billing/stores.py): in this process by default, or shared by several
+gateways in PostgreSQL and Redis. The calls are the same; a shared store that cannot be
+reached refuses the request with 503 and Retry-After, so nothing runs unmetered.
 """
 from __future__ import annotations
 
@@ -15,14 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.billing.budget import BudgetBook, BudgetExceeded, Reservation
-from gateway.billing.fairshare import FairShare
+from gateway.billing.budget import BudgetExceeded, Reservation
 from gateway.billing.keys import ApiKey
-from gateway.billing.ledger import Ledger, LedgerRow
+from gateway.billing.ledger import LedgerRow
 from gateway.billing.pricing import ZERO_COST, Cost, PriceBook
-from gateway.billing.ratelimit import RateLimiter
 from gateway.billing.request_finished import RequestFinished
-from gateway.errors import APIError, payment_required, rate_limited
+from gateway.billing.stores import BudgetStore, LimitStore, StoreUnavailable
+from gateway.errors import APIError, payment_required, rate_limited, store_unavailable
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
 from runtime.outputs import wall_clock
 from runtime.protocol import Output
@@ -42,41 +46,77 @@ class Charge:
 
 
 class Accounting:
-    def __init__(self, table: InFlightTable, prices: PriceBook, ledger: Ledger | None = None,
-                 fair: FairShare | None = None, model: str = "model"):
+    def __init__(self, table: InFlightTable, prices: PriceBook, budgets: BudgetStore,
+                 limits: LimitStore, model: str = "model"):
         self.table = table  # the requests in flight, by engine request id
         self.prices = prices
-        self.ledger = ledger
-        self.budgets = BudgetBook(ledger.spent_since if ledger else None)
-        self.limiter = RateLimiter()
-        self.fair = fair or FairShare()
+        self.budgets = budgets
+        self.ledger = budgets.ledger  # what /admin/usage reads
+        self.limits = limits
         self.model = model
         self.revenue = ZERO_COST  # since start, for metrics
         # callbacks: metrics, traces, the live feed
         self._subscribers: list[Callable[[RequestFinished], None]] = []
 
+    async def start(self) -> None:
+        await self.budgets.start()
+        await self.limits.start()
+
+    async def close(self) -> None:
+        await self.budgets.close()
+        await self.limits.close()
+
     # ---- admission ----------------------------------------------------------------------
-    def admit_request(self, key: ApiKey) -> None:
+    async def take_request(self, key: ApiKey) -> None:
         """Count the request against the tenant's requests per minute before any work is done
         for it (tokenizing, the chat template), or raise 429: refusals cost the sender too."""
-        _raise_if_waiting(key.tenant, self.limiter.take_request(key.tenant))
+        _raise_if_waiting(key.tenant, await _or_503(self.limits.take_request(key.tenant)))
 
-    def admit(self, gen, key: ApiKey) -> None:
-        """Charge the token rate limit and reserve the largest possible cost, or raise 429 /
-        402. Follows `admit_request`."""
+    async def admit(self, gen, key: ApiKey) -> None:
+        """Charge the token rate limit, reserve the largest possible cost and take a
+        fair-share start, or raise 429 / 402 / 503. Follows `take_request`. The charge runs
+        on to its end even if the client leaves meanwhile, and is then given back: a
+        reservation a shared store made is never left behind by a cancelled wait."""
+        charging = asyncio.ensure_future(self._charge(gen, key))
+        try:
+            gen.charge = await asyncio.shield(charging)
+        except asyncio.CancelledError:
+            charging.add_done_callback(self._give_back)
+            raise
+
+    async def _charge(self, gen, key: ApiKey) -> Charge:
         tenant = key.tenant
         max_output = gen.params["max_tokens"] * gen.n
         tokens = len(gen.prompt) + max_output
-        _raise_if_waiting(tenant, self.limiter.take_tokens(tenant, tokens))
+        _raise_if_waiting(tenant, await _or_503(self.limits.take_tokens(tenant, tokens)))
         multiplier = self.prices.multiplier()
         worst = self.prices.cost(0, len(gen.prompt), max_output, multiplier).total
         try:
-            reservation = self.budgets.reserve(tenant, worst)
-        except BudgetExceeded as exc:
-            self.limiter.refund(tenant, tokens)
-            raise payment_required(str(exc)) from None
-        start = self.fair.start(tenant.name, tenant.weight, tokens)
-        gen.charge = Charge(key, reservation, tokens, multiplier, start, gen.n)
+            reservation = await self.budgets.reserve(tenant, worst, gen.request_id)
+        except BaseException as exc:
+            self.limits.refund(tenant, tokens)
+            if isinstance(exc, BudgetExceeded):
+                raise payment_required(str(exc)) from None
+            if isinstance(exc, StoreUnavailable):
+                raise _unavailable(exc) from None
+            raise
+        try:
+            start = await _or_503(self.limits.start_time(tenant, tokens))
+        except BaseException:
+            self.budgets.release(reservation)
+            self.limits.refund(tenant, tokens)
+            raise
+        return Charge(key, reservation, tokens, multiplier, start, gen.n)
+
+    def _give_back(self, charging: asyncio.Future) -> None:
+        """A charge whose client left before it was made: return all of it."""
+        if charging.cancelled() or charging.exception() is not None:
+            return  # refused, or failed: it gave back what it had taken itself
+        charge = charging.result()
+        tenant = charge.key.tenant
+        self.budgets.release(charge.reservation)
+        self.limits.refund(tenant, charge.tokens_charged)
+        self.limits.correct(tenant, charge.tokens_charged, 0)
 
     def subscribe(self, callback) -> None:
         """Call `callback(RequestFinished)` for every request that settles from now on."""
@@ -129,18 +169,18 @@ class Accounting:
         gen.settled_at = time.monotonic()
         self.table.move(gen, Phase.SETTLING)
         tenant = charge.key.tenant
-        self.budgets.settle(charge.reservation, charge.cost.total)
         used = gen.prompt_tokens + gen.completion_tokens
-        self.limiter.refund(tenant, max(0, charge.tokens_charged - used))
-        self.fair.correct(tenant.name, tenant.weight, charge.tokens_charged, used)
+        self.limits.refund(tenant, max(0, charge.tokens_charged - used))
+        self.limits.correct(tenant, charge.tokens_charged, used)
         self.revenue += charge.cost
         event = self._finished(gen)
         for callback in self._subscribers:
             callback(event)
-        if self.ledger is None:
+        # the reservation becomes the real cost and the ledger row, in one step of the store
+        gen.committed = self.budgets.settle(charge.reservation, ledger_row(event))
+        if gen.committed is None:
             self.table.move(gen, Phase.DONE)
             return
-        gen.committed = self.ledger.record(ledger_row(event))
         gen.committed.add_done_callback(lambda _: self.table.move(gen, Phase.DONE))
 
     def _finished(self, gen: InFlightRequest) -> RequestFinished:
@@ -177,6 +217,21 @@ async def wait_committed(gen, timeout: float = 30.0) -> None:
     except Exception as exc:  # noqa: BLE001 - a lost row must not look like a finished bill
         raise APIError(500, "the request finished but its usage could not be recorded; "
                        "it is not billed", "server_error", code="ledger_unavailable") from exc
+
+
+async def _or_503(check):
+    """Await a limit store's check; an unreachable store refuses the request (503)."""
+    try:
+        return await check
+    except StoreUnavailable as exc:
+        raise _unavailable(exc) from None
+
+
+def _unavailable(exc: StoreUnavailable) -> APIError:
+    # the store's role, not its address or error: those are for the gateway's log
+    role = {"PostgreSQL": "budgets", "Redis": "rate limits"}.get(exc.store, "accounts")
+    return store_unavailable(f"the request was not admitted: the store of {role} cannot be "
+                             f"reached right now; retry shortly", retry_after_s=exc.retry_after)
 
 
 def _raise_if_waiting(tenant, wait: float) -> None:

@@ -14,7 +14,7 @@ async def admit(state, key, req, body, trace_headers: dict | None = None,
     names the record when the endpoint has its own id scheme (the Responses API's resp_...)."""
     tenant = key.tenant
     check_model(state, tenant, req.model)
-    state.accounting.admit_request(key)  # before the work a refusal could make us do
+    await state.accounting.take_request(key)  # before the work a refusal could make us do
     salt = key.cache_salt
     if isinstance(body, dict) and body.get("cache_scope") == "shared":
         if not tenant.shared_cache:
@@ -27,7 +27,7 @@ async def admit(state, key, req, body, trace_headers: dict | None = None,
     gen.model_name = state.model_name
     gen.trace_headers = trace_headers
     check_deadline(state, body, priority)
-    state.accounting.admit(gen, key)
+    await state.accounting.admit(gen, key)
     service.enqueue(gen)
     return gen
 
