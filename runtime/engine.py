@@ -51,6 +51,9 @@ class LLMEngine(Disaggregation):
         self.structured = StructuredOutputs(self.tokenizer, self.model_config.vocab_size,
                                             self.model_config.eos_token_ids)
         self.runner.masks = self.structured.masks
+        # a GPU's launches do not wait on CPU threads: only the CPU path adapts its count
+        self.threads = ThreadGovernor(policy=config.thread_policy
+                                      if self.runner.device.type == "cpu" else "fixed")
 
     def _make_drafter(self):
         if self.spec.method == "self":
@@ -146,7 +149,9 @@ class LLMEngine(Disaggregation):
         sched = self.scheduler.schedule()
         if sched.is_empty and self.structured.pending:
             self.structured.wait(GRAMMAR_WAIT_S)  # only compiles are left: do not spin
+        self.threads.before_step()
         result = self.runner.run(sched, self.requests)
+        self.threads.after_step(sched.num_scheduled_tokens)
         outputs = refused + self._postprocess(sched, result)
         return outputs, self._stats(sched, time.perf_counter() - start)
 

@@ -39,6 +39,9 @@ class EngineSettings:
     by the flag builders below: bool becomes a switch, int and float typed values."""
 
     device: str = setting(_ENGINE.device, "cpu or cuda")
+    thread_policy: str = setting(_ENGINE.thread_policy,
+                                 "CPU threads: adaptive (measured, fewer when a neighbour "
+                                 "takes a core) or fixed (--threads)")
     quantization: str = setting(_ENGINE.quantization,
                                 "weights: auto (int8 for a quantized GGUF on a vectorized CPU), "
                                 "none, int8 or int4")
