@@ -163,7 +163,8 @@ class LinearProfile:
         return LinearProfile(self.sizes, [min(a, b) for a, b in zip(self.layer_s, other.layer_s)],
                              [min(a, b) for a, b in zip(self.lm_head_s, other.lm_head_s)],
                              self.weight_bytes, self.flops_per_token, self.lm_head_flops_per_row,
-                             {"measurements": 2, "max_spread": spread})
+                             {"measurements": 2, "max_spread": spread,
+                              **{k: v for k, v in self.meta.items() if k == "packed_bytes"}})
 
     def to_dict(self) -> dict:
         return {"sizes": self.sizes, "layers_s": self.layer_s, "lm_head_s": self.lm_head_s,
@@ -175,9 +176,16 @@ class LinearProfile:
 
 def measure_linear(weights: Iterable[torch.Tensor], lm_head: torch.Tensor,
                    sizes: Sequence[int] = (1, 32, 64, 256), reps: int = 3,
-                   min_total_s: float = 0.5) -> LinearProfile:
+                   min_total_s: float = 0.5, packed: Sequence | None = None,
+                   packed_head=None) -> LinearProfile:
     """Time `F.linear` over every weight in `weights` (all layers, [out, in]) and over
-    `lm_head`, at each row count in `sizes`; minimum over repeats."""
+    `lm_head`, at each row count in `sizes`; minimum over repeats. With the quantized forms
+    (`packed`: one per weight, each with `.matmul(x)`; `packed_head`), each size also times
+    them and keeps the faster of the two whole passes: the bound of a quantized model is its
+    best kernel at every batch size."""
+    if packed is not None:
+        return _quantized_profile(weights, lm_head, sizes, reps, min_total_s, packed,
+                                  packed_head)
     weights = [w.contiguous() for w in weights]
     lm_head = lm_head.contiguous()
     dtype = lm_head.dtype
@@ -205,6 +213,33 @@ def measure_linear(weights: Iterable[torch.Tensor], lm_head: torch.Tensor,
 
 
 # ---- output -----------------------------------------------------------------------------
+def _quantized_profile(weights, lm_head, sizes, reps, min_total_s, packed,
+                       packed_head) -> LinearProfile:
+    dense = measure_linear(weights, lm_head, sizes, reps, min_total_s)
+    layer_q, head_q = [], []
+    in_dims = sorted({w.shape[1] for w in weights} | {lm_head.shape[1]})
+    with torch.inference_mode():
+        for n in sizes:
+            xs = {d: torch.randn(n, d) for d in in_dims}
+
+            def run_layers():
+                for w, p in zip(weights, packed):
+                    p.matmul(xs[w.shape[1]])  # noqa: B023 - timed in this iteration only
+
+            def run_head():
+                packed_head.matmul(xs[lm_head.shape[1]])  # noqa: B023 - as above
+
+            layer_q.append(best_time(run_layers, reps=reps, min_total_s=min_total_s))
+            head_q.append(best_time(run_head, reps=reps, min_total_s=min_total_s / 4))
+    return LinearProfile(
+        list(sizes), [min(a, b) for a, b in zip(dense.layer_s, layer_q)],
+        [min(a, b) for a, b in zip(dense.lm_head_s, head_q)], dense.weight_bytes,
+        dense.flops_per_token, dense.lm_head_flops_per_row,
+        {"float_layers_s": dense.layer_s, "float_lm_head_s": dense.lm_head_s,
+         "quant_layers_s": layer_q, "quant_lm_head_s": head_q,
+         "packed_bytes": sum(p.nbytes for p in packed) + packed_head.nbytes})
+
+
 def fmt(x, digits: int = 2) -> str:
     if x is None:
         return "n/a"

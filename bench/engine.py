@@ -29,6 +29,7 @@ import common  # noqa: E402  (also puts the repo root on sys.path)
 from common import fmt, log, markdown_table, median, percentile  # noqa: E402
 
 import torch  # noqa: E402
+from engine_servers import OUTPUT_TOKENS  # noqa: E402
 from engine_systems import RunResult, load_hf, run_hf, run_ours  # noqa: E402
 from engine_workloads import Req, make_requests  # noqa: E402
 
@@ -66,7 +67,7 @@ def parse_args(argv=None):
                    help="smoke run: 1 short single request, one scenario of 8 small requests")
     p.add_argument("--scenarios", default=None,
                    help="comma list of 'single' and request counts (default single,32,64; "
-                        "quick: single,8)")
+                        "quick: single,8; 'none': only --servers)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="JSON results path (default "
                    "bench/results/engine.json; quick: bench/results/engine-quick.json)")
@@ -86,11 +87,19 @@ def parse_args(argv=None):
     p.add_argument("--kv-gib", type=float, default=2.0, help="KV cache budget of our engine")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="turn our prefix cache off (prompts are distinct either way)")
+    p.add_argument("--quantization", default="auto",
+                   help="our engine's weights: auto (as `make run`), none, int8, int4")
+    p.add_argument("--servers", default=None,
+                   help="comma list of concurrent streams for ours against llama.cpp's server "
+                        "over HTTP (e.g. 1,8,32,64; default: skipped; builds llama-server "
+                        "once with bench/peers/build_llama_server.sh)")
+    p.add_argument("--busy-streams", default="8",
+                   help="stream counts measured again with one core kept busy (with --servers)")
     a = p.parse_args(argv)
     q = a.quick
     a.out = a.out or f"bench/results/engine{'-quick' if q else ''}.json"
     a.scenarios = [s.strip() for s in (a.scenarios or ("single,8" if q else "single,32,64"))
-                   .split(",") if s.strip()]
+                   .split(",") if s.strip() and s.strip() != "none"]
     for s in a.scenarios:
         if s != "single" and not s.isdigit():
             p.error(f"bad scenario {s!r}: use 'single' or a request count")
@@ -101,6 +110,26 @@ def parse_args(argv=None):
     a.single_prompts = a.single_prompts or (1 if q else 3)
     a.single_tokens = a.single_tokens or (16 if q else 128)
     return a
+
+
+def run_against_llama(args, path: str, engine) -> dict | None:
+    """--servers: ours (as `make run` starts it) against llama.cpp's server over HTTP, each
+    alone on the machine; printed, and returned for the JSON."""
+    if not args.servers:
+        return None
+    from engine_servers import load_average, run_servers, servers_report
+    streams = [int(x) for x in args.servers.split(",") if x.strip()]
+    busy = [int(x) for x in args.busy_streams.split(",") if x.strip()]
+    load = load_average()
+    runs = run_servers(path, streams, busy, common.num_cores(),
+                       our_flags=["--quantization", args.quantization], log=log)
+    table, summary = servers_report(runs)
+    print(f"\nOurs against llama.cpp's server over HTTP (chat prompts, {OUTPUT_TOKENS} output "
+          f"tokens each, EOS ignored, streamed, counted at the client; 1-min load {load:.2f} "
+          f"before, {load_average():.2f} after; our weights {engine.runner.model.quantization}):")
+    print(table)
+    return {"summary": summary, "table_markdown": table,
+            "runs": [dict(vars(r), tok_s=r.tok_s) for r in runs]}
 
 
 def warm_up(engine, hf, reqs: list[Req], pad_id: int) -> None:
@@ -129,7 +158,8 @@ def main(argv=None) -> int:
                                         max_num_batched_tokens=args.max_num_batched_tokens,
                                         kv_cache_bytes=int(args.kv_gib * (1 << 30)),
                                         enable_prefix_caching=not args.no_prefix_caching,
-                                        seed=args.seed))
+                                        seed=args.seed, quantization=args.quantization))
+    log(f"[bench] our weights: {engine.runner.model.quantization}")
     hf = None
     if not args.skip_transformers:
         log("[bench] loading transformers reference (dequantizes the GGUF) ...")
@@ -156,14 +186,16 @@ def main(argv=None) -> int:
     read_bw = common.read_bandwidth_gbs(64 << 20 if args.quick else 256 << 20)
     gflops = common.matmul_gflops(1024 if args.quick else 2048)
     model = engine.runner.model
-    weights = [w for layer in model.layers
-               for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight,
-                         layer.down_weight)]
+    linears = model.linears()  # the head last
+    weights = [lin.weight for lin in linears[:-1]]
+    quantized = model.quantization != "none"
     sizes = ([1, 8, 32, 64, 256] if args.quick
              else [1, 2, 4, 8, 16, 32, 48, 64, 128, 256, 512])
     measure = lambda: common.measure_linear(  # noqa: E731
-        weights, model.lm_head, sizes, reps=2 if args.quick else 3,
-        min_total_s=0.2 if args.quick else 1.0)
+        weights, model.lm_head.weight, sizes, reps=2 if args.quick else 3,
+        min_total_s=0.2 if args.quick else 1.0,
+        packed=[lin.packed for lin in linears[:-1]] if quantized else None,
+        packed_head=model.lm_head.packed)
     prof = measure()
 
     log("[bench] warming up both systems ...")
@@ -295,6 +327,7 @@ def main(argv=None) -> int:
     print(BOUND_DEFINITION)
     if targets:
         print("\nTargets:\n" + "\n".join(targets))
+    servers = run_against_llama(args, path, engine)
     elapsed = time.perf_counter() - t_start
     print(f"\n(seed {args.seed}; {'quick' if args.quick else 'full'} run; {elapsed:.0f} s)")
 
@@ -307,7 +340,7 @@ def main(argv=None) -> int:
                           "max_num_batched_tokens": args.max_num_batched_tokens,
                           "kv_gib": args.kv_gib},
         "bound_definition": BOUND_DEFINITION, "summary": summary, "scenarios": results,
-        "table_markdown": table, "elapsed_s": elapsed})
+        "table_markdown": table, "servers": servers, "elapsed_s": elapsed})
     log(f"[bench] wrote {out}")
     return 0
 

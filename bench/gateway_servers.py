@@ -115,10 +115,11 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A server started in its own session; waits for GET /ready == 200."""
+    """A server started in its own session; waits for GET `ready_path` == 200."""
 
-    def __init__(self, name: str, argv: list[str], port: int, ready_timeout: float = 240.0):
-        self.name, self.port = name, port
+    def __init__(self, name: str, argv: list[str], port: int, ready_timeout: float = 240.0,
+                 ready_path: str = "/ready"):
+        self.name, self.port, self.ready_path = name, port, ready_path
         self.url = f"http://127.0.0.1:{port}"
         log = None if os.environ.get("BENCH_GATEWAY_LOG") else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=log,
@@ -132,7 +133,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
             try:
-                with urllib.request.urlopen(self.url + "/ready", timeout=5) as r:
+                with urllib.request.urlopen(self.url + self.ready_path, timeout=5) as r:
                     if r.status == 200:
                         return
             except (OSError, urllib.error.HTTPError):
