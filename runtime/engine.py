@@ -23,6 +23,7 @@ from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.drafter import ModelDrafter
 from runtime.structured.manager import GrammarError, StructuredOutputs
+from runtime.thread_governor import ThreadGovernor
 from runtime.validate import validate_request
 
 GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
