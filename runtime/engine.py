@@ -16,6 +16,7 @@ from runtime.kv_cache import KVCacheManager
 from runtime.loader import Checkpoint, load_checkpoint
 from runtime.model_runner import ModelRunner, StepSample
 from runtime.outputs import EngineCounters, RequestOutput, StepStats, Usage, wall_clock
+from runtime.protocol import KvEvents
 from runtime.request import Request, RequestStatus
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler
@@ -281,6 +282,7 @@ class LLMEngine(Disaggregation):
                 "vocab_size": self.model_config.vocab_size, "num_blocks": self.runner.num_blocks,
                 "block_size": self.config.block_size, "max_num_seqs": self.config.max_num_seqs,
                 "device": str(self.runner.device), "quantization": self.runner.model.quantization,
+                "model_id": self.model_id,
                 "eos_token_ids": list(self.model_config.eos_token_ids)}
 
     def snapshot(self) -> dict:
@@ -295,6 +297,14 @@ class LLMEngine(Disaggregation):
                 "spec_drafts": c.spec_drafts, "spec_draft_tokens": c.spec_draft_tokens,
                 "spec_accepted_tokens": c.spec_accepted_tokens,
                 "spec_accepted_per_pos": list(c.spec_accepted_per_pos)}
+
+    def drain_kv_events(self) -> KvEvents | None:
+        """Cached blocks stored and removed since the last call, or None (runtime/kv_events.py)."""
+        return self.kv.cached.events.drain()
+
+    def kv_snapshot(self) -> KvEvents:
+        """Every cached block held now, as a frame that replaces a gateway's view."""
+        return self.kv.cached.events.snapshot()
 
     # ---- conveniences -----------------------------------------------------------------
     def prompt_logits(self, prompt_token_ids: list[int]) -> torch.Tensor:

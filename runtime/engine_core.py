@@ -11,6 +11,9 @@ Invariants every implementation keeps:
   `abort_request` returns that final output at once, or None for an unknown id.
 - a finished output's usage counts every output token the request produced.
 - `step` is only called while `has_unfinished_requests()`.
+- `drain_kv_events` reports each cached block hash whose state changed since the last drain,
+  once, with its latest state; applied to the last `kv_snapshot` (or to an empty view), the
+  batches give exactly the blocks `kv_snapshot` would list now (runtime/kv_events.py).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from runtime.outputs import RequestOutput, StepStats
 from runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from runtime.protocol import KvEvents
     from runtime.tokenizer import Tokenizer
 
 
@@ -42,5 +46,11 @@ class EngineCore(Protocol):
     def has_unfinished_requests(self) -> bool: ...
 
     def step(self) -> tuple[list[RequestOutput], StepStats]: ...
+
+    def drain_kv_events(self) -> KvEvents | None:
+        """Cached blocks stored and removed since the last drain; None when none changed."""
+
+    def kv_snapshot(self) -> KvEvents:
+        """Every cached block held now, `cleared` set: replaces a gateway's view."""
 
     def close(self) -> None: ...

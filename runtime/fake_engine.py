@@ -5,8 +5,18 @@ Gateway tests and benchmarks use it where the model's speed would only add noise
 real SmolLM2 tokenizer (read from the GGUF metadata, no weights), emits a fixed cycle of word
 tokens, one per running request per step, after `step_seconds` of simulated work, honours
 max_tokens, stop strings, stop token ids, priorities and max_num_seqs, and reports cached
-tokens as the block-aligned longest prefix it has already seen under the same salt (none for
-a request asking for prompt logprobs, which reads no cache, as in the model engine).
+tokens as the block-aligned longest prefix its simulated prefix cache holds under the same salt
+(none for a request asking for prompt logprobs, which reads no cache, as in the model engine).
+
+The simulated cache is a bounded LRU of `num_blocks` blocks keyed by the model engine's own
+chained hashes (runtime/prefix_cache.py, rooted in `model_id` and the salt), so it publishes
+the same KV events (runtime/kv_events.py) a model worker would for the same prompts: a
+prompt's blocks are cached when it arrives, and its output's full blocks when it ends (all but
+the last token, whose KV a model never computes); each use moves a request's blocks to the
+recent end, its first block last, so a prefix outlives its suffixes, as in the block pool.
+A step's simulated work is `step_seconds` plus `prefill_seconds_per_token` for each prompt token
+the cache did not serve among the requests getting their first token; `sleep` spends it (a
+simulation passes its own clock).
 
 Structured outputs: a `choice` spec makes it emit the first choice's tokens and then the
 end-of-sequence token (finish "stop", as the model engine ends a complete grammar); other
@@ -19,12 +29,17 @@ n-th alternative at -0.1 * n: so for sampled tokens and for prompt tokens alike 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import DuplicateRequestError
+from runtime.kv_events import KvEventLog, event_limit
 from runtime.model_files import FAKE_MODEL_NAME
 from runtime.outputs import PromptLogprob, RequestOutput, StepStats, TokenLogprob, Usage, wall_clock
+from runtime.prefix_cache import block_hashes, root_hash
+from runtime.protocol import KvEvents
 from runtime.sampling_params import SamplingParams
 from runtime.validate import validate_request
 
@@ -40,14 +55,52 @@ class _FakeRequest:
     arrival: float
     cached: int
     detok: IncrementalDetokenizer
+    salt: str | None = None
+    hashes: list[bytes] = field(default_factory=list)  # the prompt's full blocks
     output: list[int] = field(default_factory=list)
     first_token: float | None = None
     script: list[int] | None = None  # the tokens a choice spec makes it emit, then stop
 
 
+class BlockLru:
+    """The fake's prefix cache: chained block hashes, least recently used first, bounded."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        self.events = KvEventLog(lambda: list(self._blocks), event_limit(capacity))
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def num_leading(self, hashes: list[bytes]) -> int:
+        """How many of `hashes`, from the first, are cached (a chain breaks at its first miss)."""
+        n = 0
+        while n < len(hashes) and hashes[n] in self._blocks:
+            n += 1
+        return n
+
+    def use(self, hashes: list[bytes]) -> None:
+        """Cache (or refresh) a request's blocks, the first one most recent; evict past the
+        capacity."""
+        for h in reversed(hashes):
+            if h in self._blocks:
+                self._blocks.move_to_end(h)
+            else:
+                self._blocks[h] = None
+                self.events.stored(h)
+        while len(self._blocks) > self.capacity:
+            h, _ = self._blocks.popitem(last=False)
+            self.events.removed(h)
+            self.evictions += 1
+
+
 class FakeEngine:
     def __init__(self, tokenizer=None, *, step_seconds: float = 0.002, max_num_seqs: int = 64,
-                 max_model_len: int = 8192, block_size: int = 16, num_blocks: int = 4096):
+                 max_model_len: int = 8192, block_size: int = 16, num_blocks: int = 4096,
+                 model_id: str = FAKE_MODEL_NAME, prefill_seconds_per_token: float = 0.0,
+                 sleep: Callable[[float], None] = time.sleep):
         if tokenizer is None:
             from runtime.gguf_loader import read_gguf_tokenizer
             from runtime.loader import default_model_path
@@ -57,8 +110,12 @@ class FakeEngine:
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
         self.block_size, self.num_blocks = block_size, num_blocks
         self.words = tokenizer.encode(WORDS)
+        self.model_id = model_id  # the prefix-cache root, as LLMEngine.model_id
+        self.prefill_seconds_per_token = prefill_seconds_per_token
+        self.sleep = sleep
         self.requests: dict[str, _FakeRequest] = {}
-        self.seen_blocks: set[int] = set()  # hashes of chained block keys
+        self.cache = BlockLru(num_blocks)
+        self.prefix_queries = self.prefix_hits = 0  # prompt tokens looked up, of which cached
         self.steps = 0
         self.busy = 0.0
         self.generated = 0
@@ -67,14 +124,16 @@ class FakeEngine:
         return {"model": FAKE_MODEL_NAME, "max_model_len": self.max_model_len,
                 "vocab_size": self.tokenizer.vocab_size, "num_blocks": self.num_blocks,
                 "block_size": self.block_size, "max_num_seqs": self.max_num_seqs,
-                "device": "fake", "eos_token_ids": list(self.tokenizer.eos_token_ids)}
+                "device": "fake", "eos_token_ids": list(self.tokenizer.eos_token_ids),
+                "model_id": self.model_id}
 
     def snapshot(self) -> dict:
         running = self._running()
         used = sum(-(-(len(r.prompt) + len(r.output)) // self.block_size) for r in running)
         return {"running": len(running), "waiting": len(self.requests) - len(running),
                 "kv_blocks_used": used, "kv_blocks_total": self.num_blocks,
-                "prefix_queries": 0, "prefix_hits": 0, "prefix_evictions": 0,
+                "prefix_queries": self.prefix_queries, "prefix_hits": self.prefix_hits,
+                "prefix_evictions": self.cache.evictions,
                 "steps": self.steps, "busy_seconds": self.busy, "preemptions": 0,
                 "prompt_tokens": 0, "generation_tokens": self.generated}
 
@@ -89,12 +148,13 @@ class FakeEngine:
     def add_request(self, request_id, prompt_token_ids, params=SamplingParams(), priority=0,
                     cache_salt=None, arrival_time=None) -> None:
         self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
-        cached = self._cached_prefix(list(prompt_token_ids), cache_salt,
-                                     reads=params.prompt_logprobs is None)
+        prompt = list(prompt_token_ids)
+        hashes = block_hashes(root_hash(self.model_id, cache_salt), prompt, self.block_size)
+        cached = self._cached_prefix(prompt, hashes, reads=params.prompt_logprobs is None)
         self.requests[request_id] = _FakeRequest(
-            request_id, list(prompt_token_ids), params, priority,
+            request_id, prompt, params, priority,
             arrival_time if arrival_time is not None else time.monotonic(), cached,
-            IncrementalDetokenizer(self.tokenizer, stop=params.stop),
+            IncrementalDetokenizer(self.tokenizer, stop=params.stop), cache_salt, hashes,
             script=self._script(params))
 
     def _script(self, params: SamplingParams) -> list[int] | None:
@@ -103,19 +163,31 @@ class FakeEngine:
             return None
         return self.tokenizer.encode(spec["choices"][0]) + [self.tokenizer.eos_token_ids[0]]
 
-    def _cached_prefix(self, prompt: list[int], salt, reads: bool = True) -> int:
-        """Tokens served by blocks seen before (0 unless `reads`); every block is seen now."""
-        bs, hits, key = self.block_size, 0, (salt,)
-        for i in range(len(prompt) // bs):
-            key = key + tuple(prompt[i * bs:(i + 1) * bs])
-            if reads and hash(key) in self.seen_blocks and (i + 1) * bs < len(prompt):
-                hits = (i + 1) * bs
-            self.seen_blocks.add(hash(key))
+    def _cached_prefix(self, prompt: list[int], hashes: list[bytes], reads: bool = True) -> int:
+        """Tokens served by cached blocks (0 unless `reads`), leaving the last token to compute;
+        every full block of the prompt is cached now."""
+        hits = 0
+        if reads:
+            usable = hashes[:(len(prompt) - 1) // self.block_size]
+            hits = self.cache.num_leading(usable) * self.block_size
+            self.prefix_queries += len(prompt)
+            self.prefix_hits += hits
+        self.cache.use(hashes)
         return hits
+
+    def _release(self, r: _FakeRequest) -> None:
+        """The request ends: its blocks go back to the cache, with its output's full blocks
+        (all but the last token, whose KV a model never computes)."""
+        tokens = r.prompt + r.output[:-1]
+        self.cache.use(block_hashes(root_hash(self.model_id, r.salt), tokens, self.block_size,
+                                    r.hashes))
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         r = self.requests.pop(request_id, None)
-        return None if r is None else self._output(r, [], "", "abort")
+        if r is None:
+            return None
+        self._release(r)
+        return self._output(r, [], "", "abort")
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -126,9 +198,10 @@ class FakeEngine:
 
     def step(self) -> tuple[list[RequestOutput], StepStats]:
         start = time.perf_counter()
-        time.sleep(self.step_seconds)
-        outputs = []
         running = self._running()
+        uncached = sum(len(r.prompt) - r.cached for r in running if not r.output)
+        self.sleep(self.step_seconds + self.prefill_seconds_per_token * uncached)
+        outputs = []
         for r in running:
             token = self._next_token(r)
             r.output.append(token)
@@ -142,6 +215,7 @@ class FakeEngine:
                 text += r.detok.flush()
             if reason:
                 del self.requests[r.request_id]
+                self._release(r)
             outputs.append(self._output(r, [token], text, reason))
         self.steps += 1
         self.generated += len(running)
@@ -182,6 +256,14 @@ class FakeEngine:
         return [None] + [PromptLogprob(t, -0.1, 1, tuple(((t + j) % vocab, -0.1 * (j + 1))
                                                          for j in range(k)))
                          for t in r.prompt[1:]]
+
+    def drain_kv_events(self) -> KvEvents | None:
+        """Blocks the simulated cache stored and evicted since the last call, or None."""
+        return self.cache.events.drain()
+
+    def kv_snapshot(self) -> KvEvents:
+        """Every block the simulated cache holds now, as a frame that replaces a view."""
+        return self.cache.events.snapshot()
 
     def close(self) -> None:
         pass

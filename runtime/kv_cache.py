@@ -9,12 +9,16 @@ served, which the scheduler adds to the request's computed tokens. Blocks that b
 are registered in the prefix cache by `cache_full_blocks`. Evicted cached blocks are queued
 for the disk tier, and disk hits are queued for loading; the model runner performs both
 copies before the next forward.
+
+The cached-block table logs every block it gains and loses (runtime/kv_events.py), bounded by
+the pool's size.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from runtime.block_pool import BlockPool, KVBlock
+from runtime.kv_events import event_limit
 from runtime.prefix_cache import CachedBlockTable, PrefixCacheStats, block_hashes, root_hash
 from runtime.request import Request
 
@@ -67,7 +71,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.model_id = model_id
         self.disk = disk if enable_prefix_caching else None
-        self.cached = CachedBlockTable()
+        self.cached = CachedBlockTable(event_limit(num_blocks))
         self.stats = PrefixCacheStats()
         self._requests: dict[str, RequestKV] = {}
         self._saves: list[tuple[int, bytes, tuple[int, ...]]] = []

@@ -5,6 +5,10 @@ hash(model id, cache salt). Two requests share a block only if they share the mo
 and every token up to the end of that block, so tenants with different salts never share
 (and cannot time each other's prompts). Cached blocks also remember their tokens, and a lookup
 compares them, so even a hash collision cannot serve the wrong KV.
+
+The table is the one place blocks become cached and stop being cached, so it also keeps the
+KV event log (runtime/kv_events.py) a gateway routes by. The hashing functions are pure (no
+torch): the gateway imports them to hash a request's prompt exactly as a worker does.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import struct
 from dataclasses import dataclass
 
 from runtime.block_pool import KVBlock
+from runtime.kv_events import KvEventLog
 
 
 def root_hash(model_id: str, cache_salt: str | None) -> bytes:
@@ -52,9 +57,10 @@ class PrefixCacheStats:
 class CachedBlockTable:
     """hash -> block for every full block whose KV is resident in the pool."""
 
-    def __init__(self) -> None:
+    def __init__(self, event_limit: int = 8192) -> None:
         self._by_hash: dict[bytes, KVBlock] = {}
         self._tokens: dict[int, tuple[int, ...]] = {}  # block id -> its token ids
+        self.events = KvEventLog(self.hashes, event_limit)
 
     def __len__(self) -> int:
         return len(self._by_hash)
@@ -73,13 +79,19 @@ class CachedBlockTable:
         block.block_hash = block_hash
         self._by_hash[block_hash] = block
         self._tokens[block.block_id] = token_ids
+        self.events.stored(block_hash)
         return True
 
     def remove(self, block: KVBlock) -> tuple[int, ...] | None:
         """Forget an evicted block; returns its tokens."""
         if block.block_hash is not None and self._by_hash.get(block.block_hash) is block:
             del self._by_hash[block.block_hash]
+            self.events.removed(block.block_hash)
         return self._tokens.pop(block.block_id, None)
+
+    def hashes(self) -> list[bytes]:
+        """The hash of every resident cached block."""
+        return list(self._by_hash)
 
     def entries(self) -> list[tuple[KVBlock, bytes, tuple[int, ...]]]:
         """Every resident cached block with its hash and tokens."""

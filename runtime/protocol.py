@@ -6,7 +6,13 @@ body that is not a known frame with exactly its fields is a `ProtocolError`.
 
 gateway -> worker: AddRequest, AbortRequest, Shutdown; with disaggregation ExportKV, ImportKV.
 worker -> gateway: Ready, Step (one per engine step), Rejected, IdleStats (about once a second
-while idle); with disaggregation TransferDone, ImportFailed.
+while idle), KvEvents (prefix-cache blocks stored and removed, for prefix-aware routing); with
+disaggregation TransferDone, ImportFailed.
+
+Over TCP (runtime/serve.py) a challenge-response handshake comes before any frame: the worker
+sends `hello` (whether it wants the shared secret, and a fresh nonce); where it does, the
+gateway answers with its own nonce and an HMAC of both under the secret, and the worker proves
+it knows the secret too, so neither side talks frames to a stranger.
 
 A Step carries its outputs as `Output` dicts (a TypedDict: typed for the checker, plain for the
 decoder). A step of 1,024 requests decodes in about 1.5 ms as dicts; building a dataclass per
@@ -15,6 +21,8 @@ output tripled that, on the path every token takes.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
@@ -115,6 +123,7 @@ class Ready:
     tokenizer: str
     sampling_defaults: dict = field(default_factory=dict)  # the model's, for omitted fields
     quantization: str = "none"  # how its weights are served (runtime/quantization.py)
+    model_id: str = ""  # the prefix-cache hash root (LLMEngine.model_id): routing needs it
     type: str = field(default="ready", init=False)
 
 
@@ -142,6 +151,31 @@ class IdleStats:
 
 
 @dataclass(frozen=True, slots=True)
+class KvEvents:
+    """Prefix-cache blocks the worker stored and removed since its last KvEvents, as block
+    hashes in hex. `cleared`: forget every block of this worker first (a snapshot then lists
+    all it holds, sent when a gateway connects). Sent to every gateway: each one routes."""
+
+    stored: tuple[str, ...]
+    removed: tuple[str, ...]
+    cleared: bool = False
+    type: str = field(default="kv_events", init=False)
+
+    def __post_init__(self) -> None:
+        # JSON brings lists: tuples keep the frame hashable and equal to the one sent
+        for name in ("stored", "removed"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(f"{name} is one string, not a list of hashes")
+            hashes = tuple(value)
+            if not all(isinstance(h, str) for h in hashes):
+                raise TypeError(f"{name} holds a hash that is not a string")
+            object.__setattr__(self, name, hashes)
+        if not isinstance(self.cleared, bool):
+            raise TypeError("cleared is not a boolean")
+
+
+@dataclass(frozen=True, slots=True)
 class TransferDone:
     """A decode worker received a request's prompt KV."""
 
@@ -162,10 +196,10 @@ class ImportFailed:
 
 
 Frame = (AddRequest | AbortRequest | Shutdown | ExportKV | ImportKV | Ready | Step | Rejected
-         | IdleStats | TransferDone | ImportFailed)
+         | IdleStats | KvEvents | TransferDone | ImportFailed)
 _FRAMES: dict[str, type] = {cast(str, cls.__dataclass_fields__["type"].default): cls for cls in (
     AddRequest, AbortRequest, Shutdown, ExportKV, ImportKV, Ready, Step, Rejected, IdleStats,
-    TransferDone, ImportFailed)}
+    KvEvents, TransferDone, ImportFailed)}
 _FIELDS = {name: {f.name for f in fields(cls)} - {"type"} for name, cls in _FRAMES.items()}
 
 
@@ -225,3 +259,33 @@ async def read_frame(reader: asyncio.StreamReader) -> Frame | None:
         return decode_frame(await reader.readexactly(size))
     except asyncio.IncompleteReadError:
         return None
+
+
+# ---- the handshake on a socket, before any frame ------------------------------------------
+TOKEN_ENV = "INFERSTACK_WORKER_TOKEN"  # the secret a network worker and its gateways share
+_HELLO_MAGIC = b"inferstack-worker/1\n"
+NONCE_BYTES = MAC_BYTES = 32
+HELLO_BYTES = len(_HELLO_MAGIC) + 1 + NONCE_BYTES
+
+
+def hello(wants_token: bool, nonce: bytes) -> bytes:
+    """The worker's first bytes on a connection: the magic, 1 if it wants the secret, a nonce."""
+    return _HELLO_MAGIC + (b"\x01" if wants_token else b"\x00") + nonce
+
+
+def parse_hello(data: bytes) -> tuple[bool, bytes]:
+    """(wants the secret, the worker's nonce) from `hello`'s bytes."""
+    if len(data) != HELLO_BYTES or not data.startswith(_HELLO_MAGIC) \
+            or data[len(_HELLO_MAGIC)] not in (0, 1):
+        raise ProtocolError("the peer is not an inferstack worker")
+    return data[len(_HELLO_MAGIC)] == 1, data[len(_HELLO_MAGIC) + 1:]
+
+
+def proof(token: str, role: bytes, first: bytes, second: bytes) -> bytes:
+    """HMAC-SHA256 of the two nonces under the secret. The role ("gateway", "worker") keeps
+    one side's proof from being replayed as the other's."""
+    return hmac.new(token.encode(), role + b"|" + first + second, hashlib.sha256).digest()
+
+
+def check_proof(token: str, role: bytes, first: bytes, second: bytes, mac: bytes) -> bool:
+    return hmac.compare_digest(proof(token, role, first, second), mac)

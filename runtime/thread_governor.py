@@ -59,7 +59,8 @@ class ThreadGovernor:
             self._trial = {n: [] for n in self.options}
         if self._trial is not None:
             # the count with the fewest samples next: the trial alternates them step by step
-            self._apply(min(self.options, key=lambda n: len(self._trial[n])))  # type: ignore[index]
+            trial = self._trial
+            self._apply(min(self.options, key=lambda n: len(trial[n])))
         self._started = self._clock()
 
     def after_step(self, rows: int) -> None:

@@ -1,11 +1,14 @@
-"""A runtime worker process: one engine, driven over stdin/stdout by the gateway.
+"""A runtime worker: one engine, driven by gateways over typed frames (runtime/protocol.py).
 
-`python -m runtime.worker [--model PATH] [--device cpu] [--threads N] ...` reads frames from
-stdin and writes frames to stdout (see runtime/protocol.py); logs go to stderr. A reader thread
-queues commands; the main thread applies them between engine steps, so only it touches the
-engine. A request the engine refuses after admitting it (its grammar did not compile) goes
-back as a `Rejected` frame, like one refused at once. The end of stdin (the gateway went
-away) ends the worker.
+`python -m runtime.worker [--model PATH] [--device cpu] [--threads N] ...` is one gateway's
+child: frames on stdin and stdout; logs go to stderr. `python -m runtime.serve` runs the same
+loop for many gateways over TCP (runtime/serve.py). The loop knows no transport: readers (a
+thread on stdin here, one per socket there) queue commands; the main thread applies them
+between engine steps, so only it touches the engine, and sends frames through a link (here
+`StreamLink`, any binary stream). A request the engine refuses after admitting it (its grammar
+did not compile) goes back as a `Rejected` frame, like one refused at once. After each step
+the engine's prefix-cache events, when it has them, go to every gateway as `KvEvents`. The
+end of stdin (the gateway went away) ends the pipe worker.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from runtime.protocol import (
     IdleStats,
     ImportFailed,
     ImportKV,
+    KvEvents,
     Output,
     Ready,
     Rejected,
@@ -79,10 +83,30 @@ def stats_message(engine, stats: StepStats | None, device=None) -> dict:
     return message
 
 
-class Worker:
-    def __init__(self, engine, out_stream):
-        self.engine = engine
+class StreamLink:
+    """A gateway at the end of a binary stream (the pipe's stdout): every frame written
+    whole, in order, at once."""
+
+    prefix = ""  # request ids as the gateway sent them: a stream has one gateway
+
+    def __init__(self, out_stream):
         self.out = out_stream
+
+    def send(self, frame: Frame) -> None:
+        self.write(encode_frame(frame))
+
+    def write(self, data: bytes) -> None:
+        self.out.write(data)
+        self.out.flush()
+
+
+class Worker:
+    """The frame loop over one engine, for one gateway at the end of `out_stream`.
+    runtime/serve.py's subclass routes the same frames among many gateways."""
+
+    def __init__(self, engine, out_stream=None):
+        self.engine = engine
+        self.link = StreamLink(out_stream) if out_stream is not None else None
         self.commands: queue.Queue = queue.Queue()
         self.running = True
         self.exit_code = 0
@@ -95,13 +119,48 @@ class Worker:
         self.disagg = Disagg(self.engine, transport, self.send)
 
     def send(self, frame: Frame) -> None:
-        self.out.write(encode_frame(frame))
-        self.out.flush()
+        self.link.send(frame)
 
+    # ---- where frames go: the one gateway here; runtime/serve.py overrides these ----------
+    def send_step(self, messages: list[Output], stats: dict | None) -> None:
+        self.send(Step(messages, stats))
+
+    def send_rejected(self, request_id: str, error: dict) -> None:
+        self.send(Rejected(request_id, error))
+
+    def send_idle_stats(self, stats: dict) -> None:
+        self.send(IdleStats(stats))
+
+    def broadcast(self, frame: Frame) -> None:
+        """A frame every gateway gets (the pipe has one)."""
+        self.send(frame)
+
+    # ---- greeting and KV events ---------------------------------------------------------
     def ready_message(self, sampling_defaults: dict | None = None) -> Ready:
         return Ready(pid=os.getpid(), tokenizer=self.engine.tokenizer.to_json(),
                      sampling_defaults=sampling_defaults or {}, **self.engine.info())
 
+    def greet(self, link, sampling_defaults: dict | None = None) -> None:
+        """A gateway joins: the Ready frame, then the prefix cache's blocks now (one cleared
+        KvEvents), when the engine keeps them. Events not yet drained are in that snapshot,
+        so the caller drains them first: to the gateways already there (`publish_kv_events`),
+        or away when there are none."""
+        link.send(self.ready_message(sampling_defaults))
+        snapshot = getattr(self.engine, "kv_snapshot", None)
+        if snapshot is not None:
+            state = snapshot()
+            link.send(KvEvents(tuple(state.stored) if state is not None else (), (), True))
+
+    def drain_kv_events(self) -> KvEvents | None:
+        drain = getattr(self.engine, "drain_kv_events", None)
+        return drain() if drain is not None else None
+
+    def publish_kv_events(self) -> None:
+        events = self.drain_kv_events()
+        if events is not None:
+            self.broadcast(events)
+
+    # ---- commands -----------------------------------------------------------------------
     def read_commands(self, in_stream) -> None:
         """Queue every frame from the gateway. A frame that cannot be read ends the worker
         (exit 1): a worker whose reader died would look alive and ignore every command,
@@ -137,7 +196,7 @@ class Worker:
         if self.disagg is not None:
             self.disagg.abort(request_id)
         if final is not None:
-            self.send(Step(self.messages([final]), None))
+            self.send_step(self.messages([final]), None)
 
     def apply_disagg(self, command) -> None:
         match command:
@@ -168,25 +227,36 @@ class Worker:
         return messages
 
     def add(self, frame: AddRequest) -> None:
+        error = self.admit(frame)
+        if error is not None:
+            self.send_rejected(frame.id, error)
+
+    def admit(self, frame: AddRequest) -> dict | None:
+        """Give the request to the engine; the reason it was refused, if it was."""
         try:
             params = self.params(frame.params)
             self.engine.add_request(frame.id, frame.prompt, params, frame.priority, frame.salt)
             if frame.prefill_only and self.disagg is not None:
                 self.disagg.prefill_only.add(frame.id)
         except (RuntimeErrorBase, TypeError, ValueError) as exc:
-            self.send(Rejected(frame.id, {"message": str(exc),
-                                          "param": getattr(exc, "param", None),
-                                          "kind": type(exc).__name__}))
+            return {"message": str(exc), "param": getattr(exc, "param", None),
+                    "kind": type(exc).__name__}
+        return None
+
+    # ---- the loop -----------------------------------------------------------------------
+    def stats(self, step: StepStats | None) -> dict:
+        return stats_message(self.engine, step, self.device)
 
     def step(self) -> None:
         """One engine step, sent as its frames: a Rejected frame for each request refused
-        after admission (its grammar did not compile), then the Step."""
+        after admission (its grammar did not compile), the Step, then the KV events."""
         outputs, stats = self.engine.step()
         for out in outputs:
             if out.error is not None:
-                self.send(Rejected(out.request_id, out.error))
-        self.send(Step(self.messages([o for o in outputs if o.error is None]),
-                       stats_message(self.engine, stats, self.device)))
+                self.send_rejected(out.request_id, out.error)
+        self.send_step(self.messages([o for o in outputs if o.error is None]),
+                       self.stats(stats))
+        self.publish_kv_events()
 
     def loop(self) -> None:
         last_stats = 0.0
@@ -202,12 +272,14 @@ class Worker:
                 self.step()
             elif time.monotonic() - last_stats >= IDLE_STATS_SECONDS:
                 last_stats = time.monotonic()
-                self.send(IdleStats(stats_message(self.engine, None, self.device)))
+                self.publish_kv_events()  # an abort between steps may have freed blocks
+                self.send_idle_stats(self.stats(None))
         self.engine.close()
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m runtime.worker")
+def build_parser(prog: str = "python -m runtime.worker") -> argparse.ArgumentParser:
+    """The engine's flags, shared by the pipe worker and runtime/serve.py."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--model", default=None)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     add_worker_flags(p)  # --device, --kv-cache-gb, ...: declared in runtime/engine_settings.py
@@ -217,7 +289,11 @@ def parse_args(argv=None):
                    help="a deterministic fake engine (no model), for gateway tests")
     p.add_argument("--fake-step-ms", type=float, default=2.0,
                    help="simulated seconds of work per fake engine step, in milliseconds")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
 
 
 def build_engine(args):
@@ -251,7 +327,8 @@ def main(argv=None) -> int:
     worker = Worker(build_engine(args), frames_out)
     if args.kv_store:
         worker.enable_disagg(args.kv_store)
-    worker.send(worker.ready_message(model_defaults(args)))
+    worker.drain_kv_events()  # a fresh engine's: the snapshot in the greeting holds them
+    worker.greet(worker.link, model_defaults(args))
     tune_gc_for_serving()
     threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
     worker.loop()

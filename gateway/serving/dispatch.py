@@ -1,11 +1,20 @@
 """Dispatch: hand queued jobs to workers that have room, keeping prefix affinity.
 
 A worker has room for a job while it has free request slots and KV blocks for the prompt.
-Among workers with room, the job goes to the one its prefix hashes to (rendezvous hashing of
-the salt and the prompt's first block, so repeated prefixes meet their cached KV), unless
-that worker is busier than the least loaded by more than `affinity_margin`. When no worker has
-room, a job more urgent than the least urgent request on some worker is sent there anyway:
+Among workers with room, the eligible ones are those no busier than the least loaded plus
+`affinity_margin` (load: the fraction of request slots in use; with disaggregation, prompt
+tokens in flight as a fraction of the KV capacity). Cache-aware routing: the job
+goes to the eligible worker whose prefix cache holds the longest run of the prompt's leading
+blocks, as its KV events report them (gateway/workers/prefix_index.py; ties to the less
+loaded). A worker holding more of the prefix but busier than that margin is passed over: a
+prefix saved is not worth queueing behind a clearly fuller worker. When no eligible worker
+holds even the first block, the job goes where its prefix hashes to (rendezvous hashing of the
+salt and the prompt's first tokens) if that worker is eligible, else to the least loaded: so
+identical new prefixes still meet before any worker has reported caching them. When no worker
+has room, a job more urgent than the least urgent request on some worker is sent there anyway:
 the worker's scheduler preempts that request, which resumes later with its output unchanged.
+A draining worker (`draining`, gateway/serving/worker_pool.py) is given nothing new, not even
+by preemption: its running requests finish and it leaves the pool.
 
 With prefill/decode disaggregation (`decode_workers` given), dispatch has two stages: a job
 goes to a prefill worker (prefix affinity among those with the least prompt tokens in
@@ -23,8 +32,10 @@ import time
 
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.serving.queue import QueueEntry, QueueFull, RequestQueue
+from gateway.telemetry.metrics import WorkerSeconds
 from gateway.workers.handle import WorkerDied, WorkerHandle
-from runtime.protocol import AbortRequest, ExportKV, ImportKV, Output
+from gateway.workers.prefix_index import PrefixHashes, PrefixIndex, cache_model_id
+from runtime.protocol import AbortRequest, ExportKV, ImportKV, KvEvents, Output
 
 log = logging.getLogger(__name__)
 LOOP_TICK_SECONDS = 0.05
@@ -42,17 +53,21 @@ def rendezvous_score(key: bytes, worker_index: int) -> bytes:
 class Dispatcher:
     def __init__(self, workers: list[WorkerHandle], queue: RequestQueue, table: InFlightTable,
                  affinity_margin: float = 0.25,
-                 decode_workers: list[WorkerHandle] | None = None):
+                 decode_workers: list[WorkerHandle] | None = None, prefix_routing: bool = True):
         self.workers = workers  # with disaggregation: the prefill workers
         self.queue = queue
         self.table = table
         self.affinity_margin = affinity_margin
+        self.prefix_routing = prefix_routing  # False: hashing alone (the measured baseline)
+        self.prefix_index = PrefixIndex()
         self._wake = asyncio.Event()
         self.decode_workers = decode_workers or []
         self.pending_handoffs: list[tuple[WorkerHandle, Output]] = []
         self._tags = itertools.count(1)
         self.last_tick = time.monotonic()  # the loop's heartbeat, for liveness checks
         self.loop_errors = 0  # exceptions the loop caught and survived
+        self.draining: set[int] = set()  # worker indices given no new requests
+        self.worker_time = WorkerSeconds(len(self.workers) + len(self.decode_workers))
 
     @property
     def disaggregated(self) -> bool:
@@ -161,19 +176,44 @@ class Dispatcher:
         return worker.prefill_load if self.disaggregated else worker.load
 
     def has_room(self, worker: WorkerHandle, job: InFlightRequest) -> bool:
-        return (worker.alive and worker.free_slots >= job.n
+        return (worker.alive and worker.index not in self.draining
+                and worker.free_slots >= job.n
                 and worker.free_blocks >= worker.blocks_for(len(job.prompt)))
 
     def choose(self, job: InFlightRequest) -> WorkerHandle | None:
         candidates = [w for w in self.workers if self.has_room(w, job)]
         if not candidates:
             return None
+        least = min(candidates, key=lambda w: (self.load_of(w), w.index))
+        bound = self.load_of(least) + self.affinity_margin
+        eligible = [w for w in candidates if self.load_of(w) <= bound]
+        if self.prefix_routing:
+            holder = self.longest_prefix(job, eligible)
+            if holder is not None:
+                return holder
         key = job.affinity_key()
         preferred = max(candidates, key=lambda w: rendezvous_score(key, w.index))
-        least = min(candidates, key=lambda w: (self.load_of(w), w.index))
-        if self.load_of(preferred) <= self.load_of(least) + self.affinity_margin:
-            return preferred
-        return least
+        return preferred if self.load_of(preferred) <= bound else least
+
+    def longest_prefix(self, job: InFlightRequest, workers: list[WorkerHandle]
+                       ) -> WorkerHandle | None:
+        """The worker holding the most leading blocks of the job's prompt (the less loaded
+        of equals); None when none holds the first block."""
+        self.prefix_index.retain({w.index: w.pid for w in self.workers if w.alive})
+        hashes = PrefixHashes(job.prompt, job.salt)
+        best, best_tokens = None, 0
+        for w in sorted(workers, key=lambda w: (self.load_of(w), w.index)):
+            chain = hashes.chain(cache_model_id(w.info), w.block_size)
+            tokens = self.prefix_index.cached_blocks(w.index, w.pid, chain) * w.block_size
+            if tokens > best_tokens:
+                best, best_tokens = w, tokens
+        return best
+
+    def on_kv_events(self, worker: WorkerHandle, frame: KvEvents) -> None:
+        """A worker's KV events, forwarded by the gateway's WorkerEvents listener. Only the
+        workers jobs are placed on are indexed (with disaggregation: the prefill workers)."""
+        if any(w is worker for w in self.workers):
+            self.prefix_index.apply(worker.index, frame, worker.pid)
 
     # ---- disaggregation: the second stage -------------------------------------------------
     def choose_decode(self, num_tokens: int) -> WorkerHandle | None:
@@ -214,7 +254,8 @@ class Dispatcher:
         """A worker running something strictly less urgent than this job, if any."""
         best, best_priority = None, job.priority
         for w in self.workers:
-            p = w.least_urgent_priority() if w.alive else None
+            p = w.least_urgent_priority() if w.alive and w.index not in self.draining \
+                else None
             if p is not None and p > best_priority:
                 best, best_priority = w, p
         return best

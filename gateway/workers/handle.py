@@ -4,6 +4,10 @@ Each in-flight request owns an OutputStream (gateway/workers/output_stream.py) t
 its `Output` dicts (see runtime/protocol.py), a `Rejected` frame, or a WorkerDied exception. A
 worker whose pipe closes is dead at once: every in-flight request gets WorkerDied, and a
 supervisor starts a fresh process with backoff while the gateway keeps serving from the others.
+
+The frames, placements, load and loss handling here are every handle's: a Ray actor
+(gateway/workers/ray_handle.py) and a shared worker over TCP (gateway/workers/remote_handle.py)
+replace only how the worker starts, how frames travel and how it comes back.
 """
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 
+from gateway.workers.backoff import Backoff
+from gateway.workers.events import Placement, WorkerDied, WorkerEvents, ended
 from gateway.workers.output_stream import OutputStream
 from runtime.protocol import (
     AbortRequest,
@@ -21,6 +26,7 @@ from runtime.protocol import (
     Frame,
     IdleStats,
     ImportFailed,
+    KvEvents,
     Output,
     Ready,
     Rejected,
@@ -32,42 +38,12 @@ from runtime.protocol import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class WorkerDied(Exception):
-    """The worker process ended while the request was in flight."""
-
-    def __init__(self, message: str, request_id: str | None = None):
-        super().__init__(message)
-        self.request_id = request_id
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """An engine request this worker has: where its outputs go, and what dispatch weighs."""
-
-    stream: OutputStream
-    priority: int
-    num_prompt_tokens: int
-
-
-class WorkerEvents:
-    """What a worker handle tells the gateway; the gateway passes its own at construction."""
-
-    def ready(self, worker: WorkerHandle) -> None:
-        """A (re)started worker is ready."""
-
-    def output(self, worker: WorkerHandle, out: Output) -> None:
-        """Every output, before its request's stream sees it (metering)."""
-
-    def prefilled(self, worker: WorkerHandle, out: Output) -> None:
-        """Disaggregation: a request's prompt KV is ready to move."""
-
-    def transferred(self, worker: WorkerHandle, done: TransferDone) -> None:
-        """Disaggregation: a KV import finished."""
+__all__ = ["Placement", "WorkerDied", "WorkerEvents", "WorkerHandle", "ended", "supervise"]
 
 
 class WorkerHandle:
+    supervised = True  # `supervise` restarts it after a death
+
     def __init__(self, index: int, argv: list[str], env: dict | None = None,
                  ready_timeout: float = 300.0, events: WorkerEvents | None = None):
         self.index = index
@@ -138,6 +114,12 @@ class WorkerHandle:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    @property
+    def needs_restart(self) -> bool:
+        """Its process died on its own: `supervise` starts a fresh one."""
+        return self.proc is not None and self.proc.returncode is not None \
+            and not self.ready.is_set() and not self._closing
 
     # ---- requests -----------------------------------------------------------------------
     def submit(self, messages: list[AddRequest], stream: OutputStream, priority: int,
@@ -267,6 +249,8 @@ class WorkerHandle:
                 self.pending_blocks = 0
             case Rejected(id=request_id):
                 self._end(request_id, "rejected", frame)
+            case KvEvents():
+                self.events.on_kv_events(self, frame)
             case TransferDone():
                 self.events.transferred(self, frame)
             case ImportFailed(id=request_id, error=error):
@@ -287,46 +271,46 @@ class WorkerHandle:
     def _end(self, request_id: str, reason: str, item) -> None:
         """The request ends here with nothing to bill: meter it, free it, wake its reader."""
         placed = self.inflight.get(request_id)
-        self.events.output(self, _ended(request_id, reason))
+        self.events.output(self, ended(request_id, reason))
         self.release(request_id)
         if placed is not None:
             placed.stream.put_nowait(item)
 
     def _on_death(self) -> None:
-        self.ready.clear()
         code = self.proc.returncode
         if not self._closing:
             log.error("worker %d (pid %s) exited with %s; %d requests failed",
                       self.index, self.pid, code, len(self.inflight))
+        self._lose(f"worker {self.index} exited with code {code}")
+
+    def _lose(self, why: str) -> None:
+        """The worker is gone: every request in flight fails (metered as an error, nothing
+        billed), and its prefix cache counts as empty until it says otherwise."""
+        self.ready.clear()
         for rid, placed in list(self.inflight.items()):
-            self.events.output(self, _ended(rid, "error"))
-            placed.stream.put_nowait(WorkerDied(f"worker {self.index} exited with code {code}",
-                                                rid))
+            self.events.output(self, ended(rid, "error"))
+            placed.stream.put_nowait(WorkerDied(why, rid))
         self.inflight.clear()
         self.pending_blocks = 0
-
-
-def _ended(request_id: str, reason: str) -> Output:
-    """A final output for a request that produced nothing we can bill (refused, or lost)."""
-    return {"id": request_id, "tokens": [], "text": "", "finished": True, "reason": reason,
-            "stop_reason": None, "usage": None, "logprobs": None, "synthetic": True}
+        self.events.on_kv_events(self, KvEvents((), (), cleared=True))
 
 
 async def supervise(handle: WorkerHandle, stop: asyncio.Event, max_backoff: float = 10.0):
-    """Keep a started worker running: after a death, start a fresh one with backoff."""
-    backoff = 0.5
+    """Keep a started worker running: after a death, start a fresh one with backoff. A
+    handle that comes back on its own (a shared worker reconnects) needs no supervisor."""
+    if not handle.supervised:
+        return
+    backoff = Backoff(most=max_backoff)
     while not stop.is_set():
-        dead = handle.proc is not None and handle.proc.returncode is not None \
-            and not handle.ready.is_set() and not handle._closing
-        if not dead:
+        if not handle.needs_restart:
             await asyncio.sleep(0.05)
             continue
         try:
             await handle.start()
             handle.restarts += 1
-            backoff = 0.5
+            backoff.reset()
         except Exception as exc:  # noqa: BLE001 - keep trying; the gateway stays up
+            delay = backoff.next()
             log.error("worker %d failed to start: %s; retrying in %.1fs", handle.index, exc,
-                      backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(max_backoff, backoff * 2)
+                      delay)
+            await asyncio.sleep(delay)
