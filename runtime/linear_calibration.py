@@ -4,7 +4,9 @@ For each distinct (format, N, K) the calibration times the quantized matmul agai
 `F.linear` at growing row counts and keeps the largest count at which the quantized one is
 still faster; above it the float copy runs (runtime/linear.py). Timings depend on the CPU,
 the torch build and the thread count, so those name the cache entry; a start with a warm cache
-measures nothing. The measurement takes about a second for a 135M model on 2 cores.
+measures nothing. The measurement takes about a second for a 135M model on 2 cores. A
+measurement made while other work held the cores (a load average above their number) is
+used for this start but not saved: a busy minute must not decide every later start.
 """
 from __future__ import annotations
 
@@ -70,6 +72,16 @@ def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor) -> int:
     return best
 
 
+def machine_busy() -> bool:
+    """Whether the last minute's load exceeded the cores: more runnable work than cores, so
+    our timings shared them (our own start-up counts too, hence not a lower bar)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return False
+    return load > (os.cpu_count() or 1)
+
+
 class Calibration:
     """The crossover table, loaded from and saved to one JSON file in `cache_dir`."""
 
@@ -90,7 +102,7 @@ class Calibration:
         return self.table[key]
 
     def save(self) -> None:
-        if self.path is None or not self.measured:
+        if self.path is None or not self.measured or machine_busy():
             return
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)

@@ -104,7 +104,8 @@ def test_linear_takes_the_quantized_kernel_up_to_its_crossover():
     assert Linear(w).max_quant_rows == 0  # a float Linear never asks for a packed weight
 
 
-def test_the_crossover_is_measured_once_and_cached(tmp_path):
+def test_the_crossover_is_measured_once_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr("runtime.linear_calibration.machine_busy", lambda: False)
     w = torch.randn(256, 128)
     p = Int8Weight(w)
     first = Calibration(str(tmp_path))
@@ -115,6 +116,15 @@ def test_the_crossover_is_measured_once_and_cached(tmp_path):
     assert again.max_quant_rows("int8", p.dequantized(), p) == rows and again.measured == 0
     table = json.loads((tmp_path / "linear-crossover.json").read_text())
     assert table == {cache_key("int8", (256, 128)): rows}
+
+
+def test_a_measurement_on_a_busy_machine_is_not_saved(tmp_path, monkeypatch):
+    monkeypatch.setattr("runtime.linear_calibration.machine_busy", lambda: True)
+    cal = Calibration(str(tmp_path))
+    p = Int8Weight(torch.randn(64, 64))
+    cal.max_quant_rows("int8", p.dequantized(), p)
+    cal.save()
+    assert cal.measured == 1 and not (tmp_path / "linear-crossover.json").exists()
 
 
 def test_a_garbled_crossover_table_is_measured_again(tmp_path):
