@@ -20,6 +20,7 @@ from console.screens.help import HelpScreen
 from console.screens.waterfall import WaterfallScreen
 from console.state import ConsoleState
 from console.widgets.cache_panel import CachePanel
+from console.widgets.fleet_panel import FleetPanel
 from console.widgets.queue_panel import QueuePanel
 from console.widgets.requests_table import RequestsTable
 from console.widgets.revenue_panel import RevenuePanel
@@ -63,6 +64,7 @@ class ConsoleApp(App[None]):
         yield StatusHeader()
         with VerticalScroll(id="dashboard"):
             yield WorkerTable()
+            yield FleetPanel()
             with Horizontal(id="panels"):
                 yield CachePanel()
                 yield QueuePanel()
@@ -105,6 +107,7 @@ class ConsoleApp(App[None]):
         if state.paused:
             return
         self.query_one(WorkerTable).views = state.worker_views()
+        self.query_one(FleetPanel).view = state.fleet_view()
         self.query_one(CachePanel).view = state.cache_view()
         self.query_one(RevenuePanel).view = state.revenue_view()
         self.query_one(QueuePanel).view = state.queue_view()

@@ -124,6 +124,42 @@ class TenantView:
     spend: float
 
 
+@dataclass(frozen=True)
+class FleetGatewayView:
+    gateway_id: str
+    address: str
+    is_self: bool
+    workers: int
+    alive: int
+    draining: int
+    running: int
+    queue: int
+    load: float  # mean over its workers
+    heartbeat_age_s: float | None
+
+
+@dataclass(frozen=True)
+class FleetView:
+    gateways: tuple[FleetGatewayView, ...]
+    workers: int
+    requests: int | None  # from the ledger (every gateway's when shared)
+    revenue: float | None
+    hit_rate: float | None
+
+
+def _fleet_gateway(g: dict, me: str, now: float | None) -> FleetGatewayView:
+    workers = [w for w in _list(g, "workers") if isinstance(w, dict)]
+    beat = _opt(g, "heartbeat")
+    return FleetGatewayView(
+        gateway_id=str(g.get("id", "?")), address=str(g.get("address", "?")),
+        is_self=g.get("id") == me, workers=len(workers),
+        alive=sum(bool(w.get("alive")) for w in workers),
+        draining=sum(bool(w.get("draining")) for w in workers),
+        running=int(_num(g, "running")), queue=int(_num(g, "queue")),
+        load=sum(_num(w, "load") for w in workers) / len(workers) if workers else 0.0,
+        heartbeat_age_s=max(0.0, now - beat) if now is not None and beat is not None else None)
+
+
 class ConsoleState:
     """Everything the console knows, folded from hello, snapshot and spans frames."""
 
@@ -257,6 +293,21 @@ class ConsoleState:
                          ttft_p50=_opt(lat, "ttft_p50"), ttft_p99=_opt(lat, "ttft_p99"),
                          itl_p50=_opt(lat, "itl_p50"), itl_p99=_opt(lat, "itl_p99"),
                          finished=int(_num(req, "finished")), running=int(_num(req, "running")))
+
+    def fleet_view(self) -> FleetView | None:
+        """The fleet as the gateway last read it from Redis; None without a registry."""
+        f = self.snapshot.get("fleet") if isinstance(self.snapshot, dict) else None
+        if not isinstance(f, dict):
+            return None
+        me, now = f.get("self"), _opt(self.snapshot, "time")
+        gateways = tuple(_fleet_gateway(g, str(me), now) for g in _list(f, "gateways")
+                         if isinstance(g, dict))
+        totals = f.get("totals") if isinstance(f.get("totals"), dict) else None
+        return FleetView(
+            gateways=gateways, workers=sum(g.workers for g in gateways),
+            requests=int(_num(totals, "requests")) if totals else None,
+            revenue=_opt(totals, "cost_total") if totals else None,
+            hit_rate=_opt(totals, "cache_hit_rate") if totals else None)
 
     def tenant_views(self) -> tuple[TenantView, ...]:
         views = [TenantView(tenant=str(t.get("tenant", "?")), requests=int(_num(t, "requests")),

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from gateway.billing.ledger import PERIOD_FORMATS
 from gateway.errors import bad_request
+from gateway.http.admin_workers import add_admin_worker_routes
 from gateway.http.auth import authenticate, is_admin_caller, require_admin, require_metrics_reader
 from gateway.http.completions import respond_json, stream_sse
 from gateway.http.error_middleware import json_response
@@ -100,7 +101,8 @@ async def metrics(request: web.Request):
         return web.Response(body=b"", content_type="text/plain")
     state.metrics.refresh(len(state.queue), state.workers,
                           state.accounting.budgets.total_reserved(),
-                          state.dispatcher.is_alive(), state.inflight.open)
+                          state.dispatcher.is_alive(), state.inflight.open,
+                          state.dispatcher.worker_time.total())
     return web.Response(body=state.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
@@ -122,3 +124,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/telemetry", telemetry_handler)
     add_tokenize_routes(app)
     add_responses_routes(app)
+    add_admin_worker_routes(app)  # and the pool's, autoscale's and the fleet's tasks

@@ -1,6 +1,9 @@
 """Prometheus metrics of the gateway, with vLLM's names where they exist so dashboards work."""
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.billing.request_finished import RequestFinished
@@ -25,6 +28,44 @@ class WorkerCounter:
         grown = total - before if total >= before else total
         self.last[key] = total
         self.counter.labels(*key).inc(grown)
+
+
+class WorkerSeconds:
+    """Worker-seconds (GPU-seconds: one worker per device) as the pool grows and shrinks: the
+    integral of the pool's size over time, exact because every change of size is reported
+    (`resize`) when it happens. Recent sizes are kept for `between`, so revenue per GPU-hour
+    over a window divides by the GPU time that window really had."""
+
+    def __init__(self, count: int, now: float | None = None, keep_seconds: float = 3600.0):
+        start = time.time() if now is None else now
+        self.count, self.since, self.accumulated = count, start, 0.0
+        self.keep_seconds = keep_seconds
+        self.changes: deque[tuple[float, int]] = deque([(start, count)])  # (from, size)
+
+    def resize(self, count: int, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.accumulated += (now - self.since) * self.count
+        self.count, self.since = count, now
+        self.changes.append((now, count))
+        # keep the size in force at the oldest moment a window may still ask about
+        while len(self.changes) > 1 and self.changes[1][0] <= now - self.keep_seconds:
+            self.changes.popleft()
+
+    def total(self, now: float | None = None) -> float:
+        now = time.time() if now is None else now
+        return self.accumulated + (now - self.since) * self.count
+
+    def between(self, start: float, end: float) -> float:
+        """Worker-seconds from `start` to `end` (before the first record: its size)."""
+        changes = list(self.changes)
+        seconds = 0.0
+        for i, (at, count) in enumerate(changes):
+            until = changes[i + 1][0] if i + 1 < len(changes) else end
+            lo = start if i == 0 else max(start, at)
+            hi = min(end, until)
+            if hi > lo:
+                seconds += (hi - lo) * count
+        return seconds
 
 
 class GatewayMetrics:
@@ -80,6 +121,11 @@ class GatewayMetrics:
         self.workers = Gauge("inferstack:workers",
                              "Worker processes, one per GPU (or CPU device), alive or not",
                              label, registry=r)
+        self.worker_seconds = Counter("inferstack:worker_seconds",
+                                      "Worker-seconds (GPU-seconds) the pool has had, growing "
+                                      "with its size: the divisor of revenue per GPU-hour",
+                                      label, registry=r)
+        self._worker_seconds_seen = 0.0
         self.revenue = Counter("inferstack:revenue_usd", "Billed dollars by kind and tenant",
                                label + ["kind", "tenant"], registry=r)
         self.tenant_tokens = Counter("inferstack:tenant_tokens", "Billed tokens by kind and tenant",
@@ -119,10 +165,14 @@ class GatewayMetrics:
             self.tenant_tokens.labels(m, kind, tenant).inc(tokens)
 
     def refresh(self, queue_length: int, workers, reserved: float = 0.0,
-                dispatcher_alive: bool = True, open_charges: int = 0) -> None:
+                dispatcher_alive: bool = True, open_charges: int = 0,
+                worker_seconds: float | None = None) -> None:
         """Copy the gauges from the queue, the dispatcher, the accounting and the workers'
         latest statistics."""
         m = self.model
+        if worker_seconds is not None and worker_seconds > self._worker_seconds_seen:
+            self.worker_seconds.labels(m).inc(worker_seconds - self._worker_seconds_seen)
+            self._worker_seconds_seen = worker_seconds
         self.queue_length.labels(m).set(queue_length)
         self.budget_reserved.labels(m).set(reserved)
         self.dispatcher_alive.labels(m).set(int(dispatcher_alive))
@@ -150,6 +200,22 @@ class GatewayMetrics:
         self.workers_alive.labels(m).set(alive)
         self.workers.labels(m).set(len(workers))
         self.worker_restarts.labels(m).set(restarts)
+
+    def forget_worker(self, index: int) -> None:
+        """A worker left the pool for good: its per-worker series go with it."""
+        key = (self.model, str(index))
+        try:
+            self.kv_usage.remove(*key)
+        except KeyError:
+            pass
+        for follower in (self.prefix_queries, self.prefix_hits, self.spec_drafts,
+                         self.spec_draft_tokens, self.spec_accepted, self.spec_per_pos):
+            for seen in [k for k in follower.last if k[:2] == key]:
+                del follower.last[seen]
+                try:
+                    follower.counter.remove(*seen)
+                except KeyError:
+                    pass
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

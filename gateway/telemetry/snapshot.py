@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from gateway.billing.request_finished import RequestFinished
 from gateway.telemetry.rolling_totals import RollingTotals
@@ -15,6 +16,7 @@ class SnapshotBuilder:
         self.tenants: dict[str, dict] = {}
         self.hits = self.misses = self.finished = 0
         self._previous: dict[int, dict] = {}  # worker index -> last stats, for rates
+        self.fleet: Callable[[], dict] | None = None  # the fleet registry's view, with Redis
 
     # ---- fed by the accounting when a request settles -----------------------------------
     def on_settled(self, done: RequestFinished) -> None:
@@ -47,7 +49,8 @@ class SnapshotBuilder:
                 "latency": self._latency(),
                 "requests": {"finished": self.finished,
                              "running": sum(w.num_inflight for w in state.workers)},
-                "tenants": sorted(self.tenants.values(), key=lambda t: -t["spend"])}
+                "tenants": sorted(self.tenants.values(), key=lambda t: -t["spend"]),
+                **({"fleet": self.fleet()} if self.fleet is not None else {})}
 
     def _worker(self, w, now: float) -> dict:
         s = w.stats
@@ -67,6 +70,8 @@ class SnapshotBuilder:
         nvml = "gpu_utilisation" in s
         total = s.get("kv_blocks_total") or 0
         return {"index": w.index, "device": w.info.device if w.info else "?", "alive": w.alive,
+                "url": getattr(w, "url", None),
+                "draining": w.index in self.state.dispatcher.draining,
                 "pid": w.pid, "utilisation": s["gpu_utilisation"] if nvml else util,
                 "utilisation_source": "nvml" if nvml else "busy-fraction",
                 "cpu_percent": cpu, "memory_used_bytes": s.get("memory_used_bytes", 0),
@@ -93,11 +98,16 @@ class SnapshotBuilder:
         acc = self.state.accounting
         gpus = max(1, len(self.state.workers))
         last_hour = self.rolling.sums(3600)[2]
-        hours = min(3600.0, max(1.0, now - self.state.started_at)) / 3600
+        window = min(3600.0, max(1.0, now - self.state.started_at))
+        # the GPU time the last hour really had, as the pool grew and shrank in it
+        clock = self.state.dispatcher.worker_time
+        gpu_hours = clock.between(now - window, now) / 3600
         return {"total": acc.revenue.as_dict(),
                 "last_minute": self.rolling.sums(60)[2],
-                "last_hour": last_hour, "per_gpu_hour": last_hour / hours / gpus,
-                "gpu_cost_per_hour": acc.prices.gpu_cost_per_hour, "gpus": gpus}
+                "last_hour": last_hour,
+                "per_gpu_hour": last_hour / gpu_hours if gpu_hours > 0 else 0.0,
+                "gpu_cost_per_hour": acc.prices.gpu_cost_per_hour, "gpus": gpus,
+                "gpu_hours_last_hour": gpu_hours, "gpu_seconds_total": clock.total(now)}
 
     def _latency(self) -> dict:
         ttft, itl = self.rolling.recent_latencies()
