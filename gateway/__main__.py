@@ -4,6 +4,8 @@ SIGTERM (or SIGINT) drains: new requests get 503 and /ready turns 503 at once, r
 flight may finish within `drain_timeout_seconds`, then the workers close, the ledger is
 flushed and the process exits 0. A second signal aborts at once: workers are killed, the
 rows already settled are flushed, and the process exits 1. SIGHUP rereads the key file.
+With `--gateways N` (N > 1) this process supervises N gateways instead
+(gateway/supervisor.py).
 """
 from __future__ import annotations
 
@@ -57,7 +59,10 @@ async def serve(config) -> int:
                            keepalive_timeout=config.idle_timeout_seconds,
                            handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
+    if config.reuse_port and not await _until_serving(state, shutdown):
+        await runner.cleanup()  # asked to stop before it could serve
+        return 0
+    site = web.TCPSite(runner, config.host, config.port, reuse_port=config.reuse_port)
     await site.start()
     tune_gc_for_serving()
     log.info("listening on http://%s:%d", config.host, config.port)
@@ -75,6 +80,17 @@ async def serve(config) -> int:
         await cleanup
     log.info("stopped (%s)", "aborted" if aborted else "drained")
     return 1 if aborted else 0
+
+
+async def _until_serving(state, shutdown: Shutdown) -> bool:
+    """A fleet child joins the shared port only once a worker is ready, so the kernel never
+    hands a connection to a child that would answer 503 (a restarted one, in particular).
+    False when a signal came first."""
+    while state.service is None or not any(w.alive for w in state.workers):
+        if shutdown.requested.is_set():
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 def _kill_workers(state) -> None:
@@ -103,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
     config = load_config(argv)
+    if config.gateways > 1:
+        from gateway.supervisor import run_fleet
+        return run_fleet(config)
     try:
         return uvloop.run(serve(config))
     except KeyboardInterrupt:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import secrets
 
 from aiohttp import web
 
@@ -26,7 +28,8 @@ from gateway.telemetry.snapshot import SnapshotBuilder
 from gateway.telemetry.spans import Telemetry
 from gateway.workers.handle import WorkerEvents, WorkerHandle, supervise
 from gateway.workers.ray_handle import RayWorkerHandle
-from runtime.protocol import Output, Ready, TransferDone
+from gateway.workers.remote_handle import remote_worker_handles
+from runtime.protocol import KvEvents, Output, Ready, TransferDone
 from runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
     else:
         state.workers = [_worker(config, i, config.worker_argv(), events)
                          for i in range(config.workers)]
+        state.workers += _remote_workers(config, events, len(state.workers))
         state.dispatcher = Dispatcher(state.workers, state.queue, state.inflight,
                                       config.affinity_margin)
     state.keys = KeyStore.from_toml(config.keys_file, state.served_names) \
@@ -69,6 +73,8 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
                                     in_memory=in_memory_spans, publish=state.feed.add_span)
         state.accounting.subscribe(state.telemetry.request_finished)
     app[STATE] = state
+    if config.reuse_port:  # a fleet child: say which of them answered (tests, operators)
+        app.on_response_prepare.append(_tag_instance)
     add_routes(app)
     app.cleanup_ctx.append(_lifecycle)
     return app
@@ -93,6 +99,27 @@ class GatewayWorkerEvents(WorkerEvents):
 
     def transferred(self, worker: WorkerHandle, done: TransferDone) -> None:
         _on_transfer(self.app, done)
+
+    def on_kv_events(self, worker: WorkerHandle, frame: KvEvents) -> None:
+        self.state.dispatcher.on_kv_events(worker, frame)
+
+
+def _remote_workers(config: GatewayConfig, events: WorkerEvents,
+                    first_index: int) -> list[WorkerHandle]:
+    """Handles of the shared workers at --worker-url, numbered after this gateway's own."""
+    try:
+        return list(remote_worker_handles(config.worker_urls, events, first_index,
+                                          config.worker_ready_timeout))
+    except ValueError as exc:  # a malformed URL stops the start, not the first request
+        raise SystemExit(f"--worker-url: {exc}") from None
+
+
+# random, not the pid: process ids are for operators only (/ready shows them to admins)
+_INSTANCE = secrets.token_hex(6)
+
+
+async def _tag_instance(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["x-gateway-instance"] = _INSTANCE
 
 
 def _create_pd_workers(app: web.Application, state: GatewayState, config: GatewayConfig,
@@ -130,8 +157,6 @@ def _worker(config: GatewayConfig, index: int, argv: list[str], events: WorkerEv
 
 def _connect_ray(config: GatewayConfig) -> None:
     """Join the Ray cluster; actors import this repository from the same path on every node."""
-    import os
-
     import ray
     if ray.is_initialized():
         return

@@ -26,7 +26,18 @@ class GatewayConfig(EngineSettings):
     host: str = "127.0.0.1"
     port: int = 8000
     model: str | None = None  # a .gguf file or HF folder; None: SmolLM2-135M-Instruct
-    workers: int = 1
+    workers: int = 1  # worker processes this gateway starts; 0: only --worker-url ones
+    worker_urls: tuple[str, ...] = ()  # tcp://HOST:PORT of shared workers (runtime.serve)
+    gateways: int = 1  # > 1: a supervisor of that many gateway processes on one port
+    reuse_port: bool = False  # internal: a fleet child binds the shared port (SO_REUSEPORT)
+    autoscale_min: int = 1  # autoscale: never fewer workers than this
+    autoscale_max: int = 0  # autoscale: 0 off; else spawn up to this many under a held queue
+    autoscale_queue_depth: int = 0  # a queue deeper than this counts as pressure
+    autoscale_grow_seconds: float = 10.0  # the queue stays deep this long before growing
+    autoscale_idle_seconds: float = 60.0  # a worker idle this long (queue empty) is drained
+    autoscale_cooldown_seconds: float = 10.0  # after each change, before the next decision
+    worker_drain_seconds: float = 300.0  # DELETE /admin/workers: then running ones are aborted
+    fleet_ttl_seconds: float = 5.0  # a gateway's fleet entry in Redis outlives its last beat
     threads_per_worker: int = 0  # torch threads per CPU worker; 0: cores / workers
     max_queue: int = 1024  # requests waiting in the gateway before 429
     aging_seconds: float = 30.0  # waiting this long improves a request by one priority class
@@ -95,6 +106,30 @@ class GatewayConfig(EngineSettings):
             return parse_spec(self.sampling_defaults)
         except ValueError as exc:
             raise SystemExit(f"--sampling-defaults: {exc}") from None
+
+    def check_fleet(self) -> None:
+        """Worker and gateway counts that cannot work stop the start with the reason."""
+        if self.workers < 0 or self.gateways < 1:
+            raise SystemExit("--workers must be 0 or more and --gateways 1 or more")
+        if self.workers == 0 and not self.worker_urls and not self.pd:
+            raise SystemExit("--workers 0 needs at least one --worker-url tcp://HOST:PORT "
+                             "(a shared `python -m runtime.serve` worker) to send requests to")
+        if self.pd and self.worker_urls:
+            raise SystemExit("--pd and --worker-url do not mix: a shared worker does not move "
+                             "KV between workers")
+        if self.autoscale_max and (self.autoscale_max < self.autoscale_min or self.pd
+                                   or self.ray_address):
+            raise SystemExit("--autoscale-max must be at least --autoscale-min, and not with "
+                             "--pd or --ray-address")
+        if self.gateways > 1 and (self.pd or self.ray_address):
+            raise SystemExit("--gateways N shares its workers over TCP: not with --pd or "
+                             "--ray-address")
+        if self.gateways > 1 and not (self.state_url and self.redis_url):
+            raise SystemExit(
+                "--gateways N needs both --state-url (PostgreSQL) and --redis-url (Redis): "
+                "each gateway process would otherwise keep its own SQLite ledger and its own "
+                "in-process rate limits, so every budget and limit would be enforced per "
+                "gateway and a tenant could spend N times its budget")
 
     def num_workers(self) -> int:
         split = self.pd_split()
@@ -169,7 +204,25 @@ def check_store_urls(config: GatewayConfig) -> None:
 HELP = {
     "host": "address to listen on (loopback by default)", "port": "TCP port",
     "model": "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)",
-    "workers": "runtime worker processes (one per GPU; on CPU, each with a thread budget)",
+    "workers": "runtime worker processes (one per GPU; on CPU, each with a thread budget); "
+               "0 with --worker-url: only shared workers",
+    "worker_urls": "a shared worker (`python -m runtime.serve`) to use as well, "
+                   "tcp://HOST:PORT; repeat the flag for several (environment: "
+                   "comma-separated; TOML: a list); the secret is INFERSTACK_WORKER_TOKEN",
+    "gateways": "gateway processes on this host sharing --port (SO_REUSEPORT), with the "
+                "--workers started once as shared workers; needs --state-url and --redis-url",
+    "reuse_port": argparse.SUPPRESS,
+    "autoscale_min": "autoscale: the fewest workers (with --autoscale-max)",
+    "autoscale_max": "autoscale: the most workers; 0 turns autoscaling off",
+    "autoscale_queue_depth": "autoscale: queue depth above which the pool grows",
+    "autoscale_grow_seconds": "autoscale: seconds the queue must stay deep before a worker "
+                              "is added",
+    "autoscale_idle_seconds": "autoscale: seconds a worker must idle before it is drained",
+    "autoscale_cooldown_seconds": "autoscale: seconds between two changes",
+    "worker_drain_seconds": "seconds a removed worker's requests may run before they are "
+                            "aborted (and billed for what they produced)",
+    "fleet_ttl_seconds": "seconds a gateway stays in the fleet view (Redis) after its last "
+                         "heartbeat",
     "threads_per_worker": "torch threads per CPU worker (0: cores divided by workers)",
     "max_queue": "requests that may wait in the gateway before 429",
     "aging_seconds": "seconds of waiting that raise a request by one priority class",
@@ -226,8 +279,11 @@ HELP = {
 }
 
 
-def _convert(field: dataclasses.Field, text: str):
+def _convert(field: dataclasses.Field, text):
     kind = str(field.type)
+    if "tuple" in kind:  # a list: repeated flags, a TOML list or comma-separated text
+        items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+        return tuple(str(i).strip() for i in items if str(i).strip())
     if "bool" in kind:
         return text.lower() in ("1", "true", "yes", "on")
     if "int" in kind:
@@ -261,6 +317,10 @@ def _add_flag(group, f: dataclasses.Field, help_text: str) -> None:
     if "bool" in str(f.type):
         group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                            default=None, help=help_text)
+    elif "tuple" in str(f.type):
+        group.add_argument(flag.removesuffix("s"), dest=f.name, action="append",
+                           default=None, metavar=f.name.upper().removesuffix("S"),
+                           help=help_text)
     else:
         group.add_argument(flag, dest=f.name, default=None,
                            help=f"{help_text} (default: {f.default})")
@@ -278,6 +338,8 @@ def load_config(argv: list[str] | None = None,
     unknown = set(values) - set(by_name)
     if unknown:
         raise SystemExit(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
+    for name in set(values) & {n for n, f in by_name.items() if "tuple" in str(f.type)}:
+        values[name] = _convert(by_name[name], values[name])
     for name, f in by_name.items():
         env = environ.get("INFERSTACK_" + name.upper())
         if env is not None:
@@ -286,6 +348,7 @@ def load_config(argv: list[str] | None = None,
         if arg is not None:
             values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
     config = GatewayConfig(**values)
+    config.check_fleet()
     refuse_open_keyless(config)
     check_store_urls(config)
     config.sampling_spec()  # refused now, not when the first worker is ready
