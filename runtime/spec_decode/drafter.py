@@ -41,7 +41,6 @@ class ModelDrafter:
 
     @classmethod
     def draft_model(cls, runner, checkpoint) -> ModelDrafter:
-        from runtime.model import LlamaModel
         cfg = checkpoint.config
         if cfg.vocab_size != runner.model_cfg.vocab_size:
             raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from "
