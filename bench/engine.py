@@ -95,9 +95,19 @@ def parse_args(argv=None):
                         "once with bench/peers/build_llama_server.sh)")
     p.add_argument("--busy-streams", default="8",
                    help="stream counts measured again with one core kept busy (with --servers)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: ours (CUDA graphs on and off) against transformers on the same "
+                        "GPU in bfloat16 (bench/engine_cuda.py); default scenarios single,64,256 "
+                        "arriving at once")
+    p.add_argument("--cuda-graphs", default="both", choices=("on", "off", "both"),
+                   help="with --device cuda: our engine with CUDA graphs on, off, or both")
     a = p.parse_args(argv)
     q = a.quick
-    a.out = a.out or f"bench/results/engine{'-quick' if q else ''}.json"
+    if a.device == "cuda":  # a GPU's own defaults: concurrent requests, up to 256 of them
+        a.scenarios = a.scenarios or ("single,64" if q else "single,64,256")
+        a.arrival_window = a.arrival_window if a.arrival_window is not None else 0.0
+    a.out = a.out or f"bench/results/engine{'-' + a.device if a.device != 'cpu' else ''}" \
+                     f"{'-quick' if q else ''}.json"
     a.scenarios = [s.strip() for s in (a.scenarios or ("single,8" if q else "single,32,64"))
                    .split(",") if s.strip() and s.strip() != "none"]
     for s in a.scenarios:
@@ -140,6 +150,9 @@ def warm_up(engine, hf, reqs: list[Req], pad_id: int) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.device == "cuda":
+        from engine_cuda import main_cuda
+        return main_cuda(args)
     threads = common.setup_threads(args.threads)
     from runtime.config import EngineConfig
     from runtime.engine import LLMEngine

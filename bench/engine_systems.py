@@ -100,12 +100,17 @@ def run_ours(engine, reqs: list[Req]) -> RunResult:
 
 
 # ---- transformers -----------------------------------------------------------------------
-def load_hf(path: str):
+def load_hf(path: str, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """transformers on the same weights: a GGUF file (dequantized) or a Hugging Face folder."""
     import transformers
     from transformers import AutoModelForCausalLM
     transformers.logging.set_verbosity_error()
-    model = AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    if os.path.isdir(path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype)
+    model.to(device)
     model.eval()
     return model
 
@@ -155,6 +160,7 @@ def run_hf(model, reqs: list[Req], batch_size: int, pad_id: int) -> RunResult:
         new = max(r.max_tokens for r in batch)
         timer = Timer()
         started = time.perf_counter()
+        ids, mask = ids.to(model.device), mask.to(model.device)
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new,
                                  min_new_tokens=new, do_sample=False, pad_token_id=pad_id,

@@ -7,7 +7,9 @@ INFERSTACK_KERNELS (read once, at import):
   "ref"     always the references (FORCE_REFERENCE);
   "triton"  Triton for CPU tensors too, through its interpreter (slow; for checking the
             runtime's calls against the kernels on a machine without a GPU).
-Callers import the op names from here and never from the files directly.
+Callers import the op names from here and never from the files directly. What an attention
+choice reads besides the block tables is built here too, once per step (`decode_slots`,
+`prefill_plan`): the references' slot matrices on the CPU, nothing for the Triton kernels.
 """
 from __future__ import annotations
 
@@ -24,10 +26,12 @@ from kernels.paged_attention import (
     paged_decode_attention_triton,
 )
 from kernels.prefill_attention import (
+    VarlenSeq,
     prefill_attention_ref,
     prefill_attention_triton,
     prefill_attention_varlen_ref,
     prefill_attention_varlen_triton,
+    varlen_slots,
 )
 from kernels.rms_norm import rms_norm_ref, rms_norm_triton
 from kernels.rotary import apply_rotary_ref, apply_rotary_triton, rotary_cos_sin
@@ -75,25 +79,38 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
 
+def decode_slots(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                 max_len: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """What decode attention reads besides the block tables, built once per step for every
+    layer: the reference's [B, L] slots and mask (a gather, then SDPA: the fastest decode on
+    the CPU), or (None, None) where the Triton kernel runs, which reads the tables itself.
+    `max_len` is the longest context (the host knows it; without it the reference syncs)."""
+    if use_triton(block_tables):
+        return None, None
+    return context_slots(block_tables, context_lens, block_size, max_len)
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            slots: torch.Tensor | None, valid: torch.Tensor | None,
                            scale: float, *, block_tables: torch.Tensor | None = None,
                            context_lens: torch.Tensor | None = None,
-                           block_size: int | None = None) -> torch.Tensor:
-    """q [B, H, D] against the paged cache. Give (slots, valid) from `context_slots`, or
-    block_tables [B, W] + context_lens [B] + block_size (what the Triton kernel reads directly,
-    without the [B, L] slot matrix; pass None for slots/valid then)."""
-    have_tables = block_tables is not None and context_lens is not None
+                           block_size: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, D] against the paged cache. Give block_tables [B, W] + context_lens [B] +
+    block_size (what the Triton kernel reads) and (slots, valid) from `decode_slots` (what the
+    reference reads; built from the tables here when None), or only (slots, valid). Returns
+    the result, written into `out` when one is given."""
+    page = block_size if block_size is not None else 16
     if use_triton(q):
-        if have_tables:
-            page = block_size if block_size is not None else 16
+        if block_tables is not None and context_lens is not None:
             return paged_decode_attention_triton(q, k_cache, v_cache, block_tables,
-                                                 context_lens, page, scale)
-        return paged_decode_attention_slots_triton(q, k_cache, v_cache, slots, valid, scale)
+                                                 context_lens, page, scale, out=out)
+        return paged_decode_attention_slots_triton(q, k_cache, v_cache, slots, valid, scale,
+                                                   out=out)
     if slots is None:
-        slots, valid = context_slots(block_tables, context_lens,
-                                     block_size if block_size is not None else 16)
-    return paged_decode_attention_ref(q, k_cache, v_cache, slots, valid, scale)
+        slots, valid = context_slots(block_tables, context_lens, page)
+    result = paged_decode_attention_ref(q, k_cache, v_cache, slots, valid, scale)
+    return result if out is None else out.copy_(result)
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -106,22 +123,40 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return prefill_attention_ref(q, k_cache, v_cache, slots, num_prefix, scale, k_new, v_new)
 
 
+def prefill_plan(block_tables: torch.Tensor, block_size: int, cu_seqlens_q: torch.Tensor,
+                 num_prefix: torch.Tensor) -> list[VarlenSeq] | None:
+    """What varlen prefill reads besides the tables, built once per step for every layer: the
+    reference's per-sequence slots (`varlen_slots`), or None where the Triton kernel runs."""
+    if use_triton(block_tables):
+        return None
+    return varlen_slots(block_tables, block_size, cu_seqlens_q, num_prefix)
+
 
 def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, block_size: int,
                              cu_seqlens_q: torch.Tensor, num_prefix: torch.Tensor,
-                             scale: float, max_q_len: int | None = None) -> torch.Tensor:
+                             scale: float, max_q_len: int | None = None, *,
+                             seqs: list[VarlenSeq] | None = None,
+                             k_new: torch.Tensor | None = None,
+                             v_new: torch.Tensor | None = None,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
     """All prefill chunks of a step in one call: q [T, H, D], sequence i owning rows
-    cu_seqlens_q[i]:cu_seqlens_q[i + 1] at positions num_prefix[i]... (see the kernel file)."""
-    args = (q, k_cache, v_cache, block_tables, block_size, cu_seqlens_q, num_prefix, scale,
-            max_q_len)
+    cu_seqlens_q[i]:cu_seqlens_q[i + 1] at positions num_prefix[i]... (see the kernel file);
+    other rows of `out` are left alone. The reference reads `seqs` from `prefill_plan` and
+    the rows' own k_new/v_new where a sequence has no prefix; the Triton kernel reads the
+    cache (the new K/V are stored first)."""
     if use_triton(q):
-        return prefill_attention_varlen_triton(*args)
-    return prefill_attention_varlen_ref(*args)
+        return prefill_attention_varlen_triton(q, k_cache, v_cache, block_tables, block_size,
+                                               cu_seqlens_q, num_prefix, scale, max_q_len,
+                                               out=out)
+    return prefill_attention_varlen_ref(q, k_cache, v_cache, block_tables, block_size,
+                                        cu_seqlens_q, num_prefix, scale, max_q_len, seqs=seqs,
+                                        k_new=k_new, v_new=v_new, out=out)
 
 
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
     "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
+    "decode_slots", "prefill_plan",
     "FORCE_REFERENCE", "FORCE_TRITON", "HAS_TRITON", "use_triton",
 ]

@@ -7,6 +7,7 @@ device). Without triton installed the kernel modules still import; only launchin
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
@@ -69,30 +70,38 @@ def kernel(fn) -> _Kernel:
     return _Kernel(fn)
 
 
-def check(cond: bool, msg: str) -> None:
+def check(cond: bool, msg: str | Callable[[], str]) -> None:
+    """Raise ValueError(msg) unless `cond`. A message naming shapes is passed as a lambda, so
+    it is formatted only on failure: an f-string with shapes costs microseconds on every
+    launch, and a decode step makes hundreds of launches."""
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg() if callable(msg) else msg)
 
 
 def check_float(name: str, t: torch.Tensor, dtype: torch.dtype | None = None) -> None:
-    check(t.dtype in FLOAT_DTYPES, f"{name}: dtype {t.dtype} is not one of {FLOAT_DTYPES}")
-    if dtype is not None:
-        check(t.dtype == dtype, f"{name}: dtype {t.dtype} differs from {dtype}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name}: dtype {t.dtype} is not one of {FLOAT_DTYPES}")
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{name}: dtype {t.dtype} differs from {dtype}")
 
 
 def check_index(name: str, t: torch.Tensor, ndim: int) -> None:
-    check(t.dtype in (torch.int32, torch.int64), f"{name}: dtype {t.dtype} is not int32/int64")
-    check(t.dim() == ndim, f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: dtype {t.dtype} is not int32/int64")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
 
 
 def check_inner_contiguous(name: str, t: torch.Tensor) -> None:
-    check(t.stride(-1) == 1, f"{name}: last dimension must be contiguous, strides {t.stride()}")
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: last dimension must be contiguous, strides {t.stride()}")
 
 
 def same_device(*tensors: torch.Tensor) -> torch.device:
     dev = tensors[0].device
     for t in tensors[1:]:
-        check(t.device == dev, f"tensors on different devices: {dev} and {t.device}")
+        if t.device != dev:
+            raise ValueError(f"tensors on different devices: {dev} and {t.device}")
     return dev
 
 

@@ -39,7 +39,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_o, BLOCK: tl.conste
 def silu_and_mul_triton(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as `silu_and_mul_ref`; rows of gate_up need a contiguous last dim."""
     check_float("gate_up", gate_up)
-    check(gate_up.shape[-1] % 2 == 0, f"last dim {gate_up.shape[-1]} is odd")
+    check(gate_up.shape[-1] % 2 == 0, lambda: f"last dim {gate_up.shape[-1]} is odd")
     d = gate_up.shape[-1] // 2
     x2 = gate_up.reshape(-1, 2 * d)
     check_inner_contiguous("gate_up", x2)

@@ -2,8 +2,9 @@
 
 Triton kernel (split-K "flash decoding"): one program per (sequence, KV head, context split)
 handles all query heads of its group, so each K/V row is read once per group; a second kernel
-merges the splits by their log-sum-exp. Pages come from a block table of any page size; the
-runtime's precomputed `slots` are the same table with page size 1.
+merges the splits by their log-sum-exp. Pages come from a block table of any page size (the
+runtime passes its block tables and context lengths); a [B, L] `slots` matrix, what the
+reference reads, is the same table with page size 1.
 """
 from __future__ import annotations
 
@@ -27,18 +28,20 @@ MAX_SPLITS = 32
 
 
 def context_slots(block_tables: torch.Tensor, context_lens: torch.Tensor,
-                  block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                  block_size: int, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat cache slots of every context position, padded to the longest context.
 
-    Returns (slots [B, L] int64, valid [B, L] bool). Padding points at slot 0 and is masked.
-    Computed once per step and shared by all layers.
+    Returns (slots [B, L] int64, valid [B, L] bool), L = `max_len` (the longest context;
+    read from the lengths when omitted, a device sync on CUDA). Padding points at slot 0 and
+    is masked. Computed once per step and shared by all layers.
     """
-    max_len = int(context_lens.max()) if context_lens.numel() else 0
+    if max_len is None:
+        max_len = int(context_lens.max()) if context_lens.numel() else 0
     pos = torch.arange(max_len, device=block_tables.device)
     valid = pos[None, :] < context_lens[:, None]
     block_idx = (pos // block_size).clamp(max=block_tables.shape[1] - 1)
     slots = block_tables[:, block_idx] * block_size + (pos % block_size)[None, :]
-    return torch.where(valid, slots, torch.zeros_like(slots)), valid
+    return torch.where(valid, slots, 0), valid
 
 
 def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -169,14 +172,15 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor,
     num_splits, block_n, num_warps and num_stages override the launch heuristics (tuning).
     """
     check(q.dim() == 3 and k_cache.dim() == 3 and v_cache.dim() == 3,
-          f"q must be [B, H, D] and caches [slots, KVH, D]: {tuple(q.shape)}, "
+          lambda: f"q must be [B, H, D] and caches [slots, KVH, D]: {tuple(q.shape)}, "
           f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
     bsz, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
     check(k_cache.shape == v_cache.shape and k_cache.shape[2] == dim,
-          f"cache shapes {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q "
+          lambda: f"cache shapes {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q "
           f"{tuple(q.shape)}")
-    check(heads % kv_heads == 0, f"{heads} query heads are not a multiple of {kv_heads} KV heads")
+    check(heads % kv_heads == 0,
+          lambda: f"{heads} query heads are not a multiple of {kv_heads} KV heads")
     check_float("q", q)
     check_float("k_cache", k_cache, q.dtype)
     check_float("v_cache", v_cache, q.dtype)
@@ -185,10 +189,10 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor,
     check_index("block_tables", block_tables, 2)
     check_index("context_lens", context_lens, 1)
     check(block_tables.shape[0] == bsz and context_lens.shape[0] == bsz,
-          f"block_tables {tuple(block_tables.shape)} / context_lens {tuple(context_lens.shape)} "
-          f"do not have batch {bsz}")
+          lambda: f"block_tables {tuple(block_tables.shape)} / context_lens "
+          f"{tuple(context_lens.shape)} do not have batch {bsz}")
     check(block_tables.stride(1) == 1, "block_tables rows must be contiguous")
-    check(dim <= 256, f"head dim {dim} > 256 is not supported")
+    check(dim <= 256, lambda: f"head dim {dim} > 256 is not supported")
     device = same_device(q, k_cache, v_cache, block_tables, context_lens)
     if out is None:
         out = torch.empty_like(q)

@@ -52,18 +52,44 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return out[0].transpose(0, 1)
 
 
+VarlenSeq = tuple[int, int, int, torch.Tensor]  # (first row, end row, num_prefix, slots)
+
+
+def varlen_slots(block_tables: torch.Tensor, block_size: int, cu_seqlens_q: torch.Tensor,
+                 num_prefix: torch.Tensor) -> list[VarlenSeq]:
+    """What the reference reads per sequence of a varlen batch: its rows, its cached prefix
+    and the flat slots of its whole context. Built once per step, shared by every layer."""
+    cu, prefix = cu_seqlens_q.tolist(), num_prefix.tolist()
+    seqs = []
+    for i in range(block_tables.shape[0]):
+        start, end, npre = cu[i], cu[i + 1], prefix[i]
+        pos = torch.arange(npre + end - start, device=block_tables.device)
+        slots = block_tables[i, pos // block_size].long() * block_size + pos % block_size
+        seqs.append((start, end, npre, slots))
+    return seqs
+
+
 def prefill_attention_varlen_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                  block_tables: torch.Tensor, block_size: int,
                                  cu_seqlens_q: torch.Tensor, num_prefix: torch.Tensor,
-                                 scale: float, max_q_len: int | None = None) -> torch.Tensor:
-    """Many sequences (see `prefill_attention_varlen`), one `prefill_attention_ref` each."""
-    out = torch.empty_like(q)
-    cu, prefix = cu_seqlens_q.tolist(), num_prefix.tolist()
-    for i in range(block_tables.shape[0]):
-        start, end, npre = cu[i], cu[i + 1], prefix[i]
-        pos = torch.arange(npre + end - start, device=q.device)
-        slots = block_tables[i, pos // block_size].long() * block_size + pos % block_size
-        out[start:end] = prefill_attention_ref(q[start:end], k_cache, v_cache, slots, npre, scale)
+                                 scale: float, max_q_len: int | None = None, *,
+                                 seqs: list[VarlenSeq] | None = None,
+                                 k_new: torch.Tensor | None = None,
+                                 v_new: torch.Tensor | None = None,
+                                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """Many sequences (see `prefill_attention_varlen`), one `prefill_attention_ref` each, over
+    `seqs` from `varlen_slots` (built here when omitted). k_new/v_new [T, KVH, D]: the rows'
+    own K/V, read instead of the cache by a sequence without a prefix. Rows of q outside every
+    sequence are left as they are in `out`."""
+    if out is None:
+        out = torch.empty_like(q)
+    if seqs is None:
+        seqs = varlen_slots(block_tables, block_size, cu_seqlens_q, num_prefix)
+    for start, end, npre, slots in seqs:
+        k_rows = k_new[start:end] if k_new is not None else None
+        v_rows = v_new[start:end] if v_new is not None else None
+        out[start:end] = prefill_attention_ref(q[start:end], k_cache, v_cache, slots, npre, scale,
+                                               k_rows, v_rows)
     return out
 
 
@@ -142,13 +168,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, out_ptr, table_ptr, cu_q_ptr, prefix_pt
 def _check(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
            table: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     check(q.dim() == 3 and k_cache.dim() == 3 and v_cache.dim() == 3,
-          f"q must be [T, H, D] and caches [slots, KVH, D]: {tuple(q.shape)}, "
+          lambda: f"q must be [T, H, D] and caches [slots, KVH, D]: {tuple(q.shape)}, "
           f"{tuple(k_cache.shape)}")
     check(k_cache.shape == v_cache.shape and k_cache.shape[2] == q.shape[2],
-          f"cache shapes {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q "
+          lambda: f"cache shapes {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit q "
           f"{tuple(q.shape)}")
     check(q.shape[1] % k_cache.shape[1] == 0, "query heads are not a multiple of KV heads")
-    check(q.shape[2] <= 256, f"head dim {q.shape[2]} > 256 is not supported")
+    check(q.shape[2] <= 256, lambda: f"head dim {q.shape[2]} > 256 is not supported")
     check_float("q", q)
     check_float("k_cache", k_cache, q.dtype)
     check_float("v_cache", v_cache, q.dtype)
@@ -190,7 +216,7 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     so k_new/v_new are accepted and unused."""
     check_index("slots", slots, 1)
     check(slots.shape[0] == num_prefix + q.shape[0],
-          f"slots has {slots.shape[0]} entries, expected num_prefix + n = "
+          lambda: f"slots has {slots.shape[0]} entries, expected num_prefix + n = "
           f"{num_prefix + q.shape[0]}")
     table = slots[None, :]
     out = _check(q, k_cache, v_cache, table, out)
@@ -215,7 +241,7 @@ def prefill_attention_varlen_triton(q: torch.Tensor, k_cache: torch.Tensor, v_ca
     check_index("num_prefix", num_prefix, 1)
     num_seqs = block_tables.shape[0]
     check(cu_seqlens_q.shape[0] == num_seqs + 1 and num_prefix.shape[0] == num_seqs,
-          f"{num_seqs} block-table rows need {num_seqs + 1} cu_seqlens_q and {num_seqs} "
+          lambda: f"{num_seqs} block-table rows need {num_seqs + 1} cu_seqlens_q and {num_seqs} "
           f"num_prefix entries")
     same_device(q, cu_seqlens_q, num_prefix)
     if num_seqs == 0 or q.shape[0] == 0:

@@ -65,10 +65,10 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     check_float("x", x)
     check_float("weight", weight)
     check(weight.dim() == 1 and weight.shape[0] == x.shape[-1],
-          f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}")
+          lambda: f"weight {tuple(weight.shape)} does not fit x {tuple(x.shape)}")
     check_inner_contiguous("weight", weight)
     n = x.shape[-1]
-    check(n <= 65536, f"rows of {n} elements are too long for one program")
+    check(n <= 65536, lambda: f"rows of {n} elements are too long for one program")
     x2 = x.reshape(-1, n)
     check_inner_contiguous("x", x2)
     tensors = [x, weight]

@@ -63,12 +63,13 @@ def _rotary_kernel(x_ptr, cos_ptr, sin_ptr, num_heads, stride_xt, stride_xh, str
 def apply_rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotates x [T, heads, D] in place (any token/head strides, contiguous last dim) and
     returns it; cos, sin [T, 1, D] (or [T, D]) from `rotary_cos_sin`."""
-    check(x.dim() == 3, f"x must be [T, heads, D], got {tuple(x.shape)}")
+    check(x.dim() == 3, lambda: f"x must be [T, heads, D], got {tuple(x.shape)}")
     tokens, heads, dim = x.shape
-    check(dim % 2 == 0, f"head dim {dim} is odd")
+    check(dim % 2 == 0, lambda: f"head dim {dim} is odd")
     for name, t in (("cos", cos), ("sin", sin)):
-        check(t.shape in ((tokens, 1, dim), (tokens, dim)),
-              f"{name} must be [T, 1, D] or [T, D] for x {tuple(x.shape)}, got {tuple(t.shape)}")
+        if t.shape not in ((tokens, 1, dim), (tokens, dim)):
+            raise ValueError(f"{name} must be [T, 1, D] or [T, D] for x {tuple(x.shape)}, "
+                             f"got {tuple(t.shape)}")
         check_float(name, t)
         check_inner_contiguous(name, t)
     check_float("x", x)

@@ -52,17 +52,19 @@ def store_kv_triton(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tenso
                     v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Same contract as `store_kv_ref`; key/value may be strided views (e.g. of a fused qkv)."""
     check(key.dim() == 3 and key.shape == value.shape,
-          f"key/value must be [T, KVH, D] and equal: {tuple(key.shape)}, {tuple(value.shape)}")
+          lambda: f"key/value must be [T, KVH, D] and equal: {tuple(key.shape)}, "
+          f"{tuple(value.shape)}")
     check(k_cache.dim() == 3 and k_cache.shape == v_cache.shape
           and k_cache.shape[1:] == key.shape[1:],
-          f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit {tuple(key.shape)}")
+          lambda: f"caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not fit "
+          f"{tuple(key.shape)}")
     for name, t in (("key", key), ("value", value), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_float(name, t)
         check_inner_contiguous(name, t)
     check(k_cache.dtype == v_cache.dtype, "k_cache and v_cache differ in dtype")
     check_index("slot_mapping", slot_mapping, 1)
     check(slot_mapping.shape[0] == key.shape[0],
-          f"{slot_mapping.shape[0]} slots for {key.shape[0]} tokens")
+          lambda: f"{slot_mapping.shape[0]} slots for {key.shape[0]} tokens")
     device = same_device(key, value, k_cache, v_cache, slot_mapping)
     num_tokens, kv_heads, dim = key.shape
     if num_tokens == 0:

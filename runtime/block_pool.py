@@ -3,11 +3,20 @@
 Invariants:
 - a block is either in the free queue (ref_cnt == 0) or held by at least one request;
 - the free queue's order is the eviction order (prefix caching reuses the least recently
-  freed block last), and every queue operation is O(1) through a doubly linked list.
+  freed block last), and every queue operation is O(1) through a doubly linked list;
+- the pool hands out ids 0 .. num_blocks - 1 only: the page just past them
+  (`padding_block_id`) is the model runner's, where the padding rows of a CUDA-graph batch
+  write their K/V and read, so no request's KV is ever touched by them.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+
+
+def padding_block_id(num_blocks: int) -> int:
+    """The page a pool of `num_blocks` blocks never hands out: the runner allocates it beside
+    the pool's pages for padding rows (runtime/cuda_graphs.py)."""
+    return num_blocks
 
 
 class KVBlock:
@@ -89,6 +98,10 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         return self.free_queue.num_free_blocks
+
+    @property
+    def padding_block_id(self) -> int:
+        return padding_block_id(self.num_blocks)
 
     @property
     def num_used_blocks(self) -> int:

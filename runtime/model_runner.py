@@ -1,11 +1,13 @@
 """Tensors live here: the KV cache, the step's input tensors, the forward pass and sampling.
 
 `run(scheduler_output, requests)` packs the scheduled tokens as [decode tokens | prefill
-chunks], runs the model once, computes logits only for the requests that sample this step
-(and for the prompt positions of requests gathering prompt logprobs), and returns their
-sampled tokens. `requests` maps ids to requests, read for sampling state only; the runner's
-own per-request state (seeded generators, a draft model's progress) lives here until the
-scheduler reports the request finished.
+chunks] into a few flat tensors moved in one copy (runtime/step_inputs.py), runs the model once
+(on CUDA a decode step replays the CUDA graph of its batch-size bucket, runtime/cuda_graphs.py;
+the KV pool's padding page is allocated here for it), computes logits only for the requests
+that sample this step (and for the prompt positions of requests gathering prompt logprobs),
+and returns their sampled tokens. `requests` maps ids to requests, read for sampling state
+only; the runner's own per-request state (seeded generators, a draft model's progress) lives
+here until the scheduler reports the request finished.
 """
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-import kernels
-from runtime.attention import AttentionMetadata, PrefillSeq
+from runtime import step_inputs
+from runtime.attention import AttentionMetadata, RotaryTable
+from runtime.block_pool import padding_block_id
 from runtime.config import EngineConfig, ModelConfig
+from runtime.cuda_graphs import DecodeGraphs, capture_sizes
 from runtime.linear_calibration import Calibration
 from runtime.model import LlamaModel
 from runtime.outputs import PromptLogprob, TokenLogprob
@@ -66,13 +70,20 @@ class ModelRunner:
         self.model_cfg = model_cfg
         self.model = self.build_model(model_cfg, weights)
         self.block_size = config.block_size
+        # the longest sequence (the engine's rule): sizes rotary tables and graphs' tables
+        self.max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
+                                 model_cfg.max_position_embeddings)
+        self._rotary_tables: dict[tuple[int, float], RotaryTable] = {}
         self.num_blocks = num_kv_blocks(model_cfg, config, self.dtype)
+        # the page past the pool's: padding rows of graph buckets write and read only it
+        self.padding_block = padding_block_id(self.num_blocks)
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.device, seed=config.seed)
         self.disk = disk  # the prefix cache's disk tier, or None
         self.drafter = None  # a model drafter for speculative decoding (self or draft model)
         self.masks: MaskMaker | None = None  # structured outputs' token masks (the engine's)
         self._generators: dict[str, torch.Generator] = {}  # seeded requests' own streams
+        self.graphs = self._capture_graphs()  # decode steps' CUDA graphs, or None
 
     def build_model(self, model_cfg: ModelConfig, weights: dict[str, torch.Tensor]
                     ) -> LlamaModel:
@@ -110,8 +121,8 @@ class ModelRunner:
             self.write_block(block_id, kv)
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        shape = (self.num_blocks * self.block_size, self.model_cfg.num_key_value_heads,
-                 self.model_cfg.head_dim)
+        shape = ((self.num_blocks + 1) * self.block_size, self.model_cfg.num_key_value_heads,
+                 self.model_cfg.head_dim)  # + the padding page
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                  torch.zeros(shape, dtype=self.dtype, device=self.device))
                 for _ in range(self.model_cfg.num_hidden_layers)]
@@ -136,55 +147,55 @@ class ModelRunner:
             self.drafter.forget(request_ids)
 
     # ---- packing ----------------------------------------------------------------------
-    def _slots(self, block_ids: tuple[int, ...], start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(start, end)
-        table = torch.tensor(block_ids, dtype=torch.long)
-        return table[pos // self.block_size] * self.block_size + pos % self.block_size
-
     def prepare(self, batch: Sequence[ScheduledRequest], model_cfg: ModelConfig | None = None):
         """Order tokens as [decodes | prefills]; return (input_ids, meta, last_index), where
         last_index maps a request id to the row of its last token (proposals included)."""
-        model_cfg = model_cfg or self.model_cfg
-        decodes = [s for s in batch if s.num_new_tokens == 1]
-        prefills = [s for s in batch if s.num_new_tokens > 1]
-        bs = self.block_size
-        # a decode needs only its new token's position and slot: plain ints, no tensors
-        ids: list[int] = []
-        positions, last_index = [], {}
-        slot_chunks = [torch.tensor([s.block_ids[s.start_position // bs] * bs
-                                     + s.start_position % bs for s in decodes],
-                                    dtype=torch.long)]
-        for i, s in enumerate(decodes):
-            ids.extend(s.token_ids)
-            last_index[s.request_id] = i
-        positions.append(torch.tensor([s.start_position for s in decodes], dtype=torch.long))
-        pre_meta, offset = [], len(decodes)
-        for s in prefills:
-            start, n = s.start_position, s.num_new_tokens
-            ids.extend(s.token_ids + s.spec_token_ids)
-            positions.append(torch.arange(start, start + n))
-            ctx_slots = self._slots(s.block_ids, 0, start + n)
-            slot_chunks.append(ctx_slots[start:])
-            pre_meta.append(PrefillSeq(offset, n, start, ctx_slots.to(self.device)))
-            offset += n
-            last_index[s.request_id] = offset - 1
-        decode_slots = decode_valid = None
-        if decodes:
-            rows = [s.block_ids for s in decodes]
-            width = max(len(t) for t in rows)
-            tables = torch.tensor([[*t, *[0] * (width - len(t))] for t in rows],
-                                  dtype=torch.long)
-            lens = torch.tensor([s.start_position + 1 for s in decodes], dtype=torch.long)
-            decode_slots, decode_valid = kernels.context_slots(tables, lens, bs)
-            decode_slots = decode_slots.to(self.device)
-            decode_valid = decode_valid.to(self.device)
-        pos = torch.cat(positions).to(self.device)
-        cos, sin = kernels.rotary_cos_sin(pos, model_cfg.head_dim, model_cfg.rope_theta,
-                                          self.dtype)
-        meta = AttentionMetadata(torch.cat(slot_chunks).to(self.device), cos, sin, len(decodes),
-                                 decode_slots, decode_valid, pre_meta)
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        return input_ids, meta, last_index
+        host, t = self._pack(batch)
+        meta = AttentionMetadata.build(t, host.layout, self.block_size,
+                                       self._rotary(model_cfg or self.model_cfg))
+        return t.input_ids, meta, host.last_index
+
+    def _pack(self, batch: Sequence[ScheduledRequest]
+              ) -> tuple[step_inputs.HostStep, step_inputs.StepTensors]:
+        host = step_inputs.pack(batch, self.block_size)
+        return host, step_inputs.views(step_inputs.to_device(host.values, self.device),
+                                       host.layout)
+
+    def _rotary(self, cfg: ModelConfig) -> RotaryTable:
+        """The rotary table of a model shape (the target's, or a draft model's)."""
+        key = (cfg.head_dim, cfg.rope_theta)
+        table = self._rotary_tables.get(key)
+        if table is None:
+            table = self._rotary_tables[key] = RotaryTable(
+                self.max_model_len, cfg.head_dim, cfg.rope_theta, self.dtype, self.device)
+        return table
+
+    def _forward_packed(self, t: step_inputs.StepTensors,
+                        layout: step_inputs.StepLayout) -> torch.Tensor:
+        """The target model over packed inputs: what a CUDA graph captures."""
+        meta = AttentionMetadata.build(t, layout, self.block_size, self._rotary(self.model_cfg))
+        return self.model.forward(t.input_ids, meta, self.kv_caches)
+
+    def _forward(self, batch: Sequence[ScheduledRequest]
+                 ) -> tuple[torch.Tensor, step_inputs.HostStep, step_inputs.StepTensors]:
+        """Hidden states of the step's tokens and its packed inputs: a graph's replay when
+        the step fits a bucket, else an eager forward."""
+        if self.graphs is not None:
+            replayed = self.graphs.run(batch)
+            if replayed is not None:
+                return replayed
+        host, t = self._pack(batch)
+        return self._forward_packed(t, host.layout), host, t
+
+    def _capture_graphs(self) -> DecodeGraphs | None:
+        if not self.config.cuda_graphs or DecodeGraphs.supported(self.device) is not None:
+            return None
+        self._rotary(self.model_cfg)  # built outside the capture, which only reads it
+        graphs = DecodeGraphs(self._forward_packed, self.device, self.block_size,
+                              -(-self.max_model_len // self.block_size), self.padding_block,
+                              capture_sizes(self.config.max_num_seqs))
+        graphs.capture()
+        return graphs
 
     # ---- one step ---------------------------------------------------------------------
     @torch.inference_mode()
@@ -197,14 +208,14 @@ class ModelRunner:
         if out.is_empty:
             return result
         batch = self._with_drafts(out, requests)
-        input_ids, meta, last_index = self.prepare(batch)
-        hidden = self.model.forward(input_ids, meta, self.kv_caches)
+        hidden, host, packed = self._forward(batch)
+        last_index = host.last_index
         sampling = [s for s in batch if s.samples]
         masks = self._grammar_masks(sampling, requests)
         plain = [requests[s.request_id] for s in sampling if not s.num_spec]
         if plain:
-            idx = torch.tensor([last_index[r.request_id] for r in plain], device=self.device)
-            logits = self.model.compute_logits(hidden.index_select(0, idx))
+            # their rows came with the step's inputs: no copy here to wait for the forward
+            logits = self.model.compute_logits(hidden.index_select(0, packed.sample_rows))
             rows = [SamplingRow(r.params, self._generator(r), r.prompt_token_ids,
                                 r.output_token_ids) for r in plain]
             masked = [i for i, r in enumerate(plain) if r.request_id in masks]

@@ -10,8 +10,9 @@ import kernels
 from kernels.rotary import apply_rotary_ref
 from runtime.sampling_params import SamplingParams
 
+# what the runtime launches: decode straight from block tables, every chunk in one varlen call
 LAUNCHERS = ["rms_norm_triton", "apply_rotary_triton", "silu_and_mul_triton", "store_kv_triton",
-             "paged_decode_attention_slots_triton", "prefill_attention_triton"]
+             "paged_decode_attention_triton", "prefill_attention_varlen_triton"]
 CUDA_TENSOR = SimpleNamespace(is_cuda=True)  # all use_triton looks at
 
 
@@ -65,3 +66,20 @@ def test_tiny_model_generates_the_same_tokens_through_the_kernels(device, make_t
     assert launches == {}
     assert run(True) == expected
     assert set(launches) == set(LAUNCHERS)
+
+
+def test_per_step_plans_follow_the_choice(monkeypatch):
+    """What attention reads besides the tables is built by the chosen path: the references'
+    slots on the CPU, nothing for the Triton kernels (which read the tables themselves)."""
+    tables, lens = torch.tensor([[3, 1, 0]]), torch.tensor([5])
+    starts, prefix = torch.tensor([0, 2]), torch.tensor([3])
+    monkeypatch.setattr(kernels, "FORCE_TRITON", False)
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
+    slots, valid = kernels.decode_slots(tables, lens, 4, max_len=5)
+    assert slots.tolist() == [[12, 13, 14, 15, 4]] and valid.all()
+    [(first, end, cached, ctx)] = kernels.prefill_plan(tables, 4, starts, prefix)
+    assert (first, end, cached, ctx.tolist()) == (0, 2, 3, [12, 13, 14, 15, 4])
+    if kernels.HAS_TRITON:
+        monkeypatch.setattr(kernels, "FORCE_TRITON", True)
+        assert kernels.decode_slots(tables, lens, 4, max_len=5) == (None, None)
+        assert kernels.prefill_plan(tables, 4, starts, prefix) is None

@@ -9,6 +9,7 @@ from kernels.prefill_attention import (
     prefill_attention_triton,
     prefill_attention_varlen_ref,
     prefill_attention_varlen_triton,
+    varlen_slots,
 )
 from tests.kernels.helpers import (
     DTYPES,
@@ -81,3 +82,22 @@ def test_rejects_slots_of_the_wrong_length(device):
     q, k_cache, v_cache, *_ = make_case(64, 1, torch.float32, device)
     with pytest.raises(ValueError, match="num_prefix"):
         prefill_attention_triton(q[:4], k_cache, v_cache, torch.arange(5, device=device), 0, 1.0)
+
+
+def test_varlen_reference_over_a_plan_reads_new_rows_without_a_prefix():
+    """The CPU path: per-sequence slots built once (`varlen_slots`), and a sequence with no
+    prefix attending over its rows' own K/V rather than reading the cache back."""
+    q, k_cache, v_cache, tables, cu, prefix = make_case(64, 3, torch.float32, "cpu", seed=2)
+    seqs = varlen_slots(tables, BLOCK, cu, prefix)
+    k_new = torch.full((q.shape[0], KV_HEADS, 64), float("nan"))
+    v_new = k_new.clone()
+    for start, end, npre, slots in seqs:  # the rows' K/V, as the cache holds them
+        k_new[start:end] = k_cache[slots[npre:]]
+        v_new[start:end] = v_cache[slots[npre:]]
+    expected = prefill_attention_varlen_ref(q, k_cache, v_cache, tables, BLOCK, cu, prefix,
+                                            0.125)
+    out = poisoned(q.shape, torch.float32, "cpu")
+    got = prefill_attention_varlen_ref(q, k_cache, v_cache, tables, BLOCK, cu, prefix, 0.125,
+                                       seqs=seqs, k_new=k_new, v_new=v_new, out=out)
+    assert got is out
+    assert_close(got, expected, "attention")
