@@ -12,7 +12,6 @@ folder is made outside pytest's tmp_path, which is private to root.
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import os
 import pwd
@@ -29,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.server import free_port
+from tests.services import installer_main
 from tests.services.prometheus import services_held_back
 
 SERVER_USER = "postgres"  # who runs the server when we are root
@@ -197,22 +197,8 @@ def postgres_server() -> Iterator[PostgresServer]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.services.postgres",
-                                     description="the PostgreSQL server the tests start")
-    parser.add_argument("command", choices=["install", "which"],
-                        help="install: apt-get it (root) unless present; which: print the "
-                             "folder of its binaries")
-    args = parser.parse_args(argv)
-    try:
-        path = install() if args.command == "install" else find_bindir()
-    except (OSError, subprocess.CalledProcessError) as e:  # not root, or apt-get failed
-        print(f"postgresql install failed: {e}", file=sys.stderr)
-        return 1
-    if path is None:
-        print("postgresql is not installed", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return installer_main("postgres", "the PostgreSQL server the tests start", install,
+                          find_bindir, argv)
 
 
 if __name__ == "__main__":

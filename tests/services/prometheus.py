@@ -6,7 +6,6 @@ one target every second, and a small client for its HTTP API.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.server import GatewayProcess, free_port
+from tests.services import installer_main
 
 DEBIAN_BINARY = "/usr/bin/prometheus"
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
@@ -284,21 +284,8 @@ class PrometheusClient:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.services.prometheus",
-                                     description="the Prometheus the tests start")
-    parser.add_argument("command", choices=["install", "which"],
-                        help="install: apt-get it (root) unless present; which: print its path")
-    args = parser.parse_args(argv)
-    try:
-        path = install() if args.command == "install" else find_binary()
-    except (OSError, subprocess.CalledProcessError) as e:  # not root, or apt-get failed
-        print(f"prometheus install failed: {e}", file=sys.stderr)
-        return 1
-    if path is None:
-        print("prometheus is not installed", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return installer_main("prometheus", "the Prometheus the tests start", install,
+                          find_binary, argv)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ the store to vanish and come back.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.gateway.server import free_port
+from tests.services import installer_main
 from tests.services.prometheus import services_held_back
 
 DEBIAN_BINARY = "/usr/bin/redis-server"
@@ -139,21 +139,7 @@ def redis_server(folder: Path) -> Iterator[RedisServer]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.services.redis",
-                                     description="the Redis server the tests start")
-    parser.add_argument("command", choices=["install", "which"],
-                        help="install: apt-get it (root) unless present; which: print its path")
-    args = parser.parse_args(argv)
-    try:
-        path = install() if args.command == "install" else find_binary()
-    except (OSError, subprocess.CalledProcessError) as e:  # not root, or apt-get failed
-        print(f"redis-server install failed: {e}", file=sys.stderr)
-        return 1
-    if path is None:
-        print("redis-server is not installed", file=sys.stderr)
-        return 1
-    print(path)
-    return 0
+    return installer_main("redis", "the Redis server the tests start", install, find_binary, argv)
 
 
 if __name__ == "__main__":
