@@ -110,7 +110,10 @@ async def _drive(url: str, streams: int, requests: int) -> tuple[int, int, float
             i = next_index
             next_index += 1
             try:
-                tokens += await _stream(session, url, model, QUESTIONS[i % len(QUESTIONS)])
+                # awaited first: `tokens += await ...` would read `tokens` before the await
+                # and lose what the other users added meanwhile
+                got = await _stream(session, url, model, QUESTIONS[i % len(QUESTIONS)])
+                tokens += got
             except Exception as e:  # noqa: BLE001 - counted; the table shows errors
                 errors += 1
                 print(f"  stream error: {e!r}", file=sys.stderr)
