@@ -29,7 +29,7 @@ import pytest
 
 from tests.gateway.server import free_port
 from tests.services import installer_main
-from tests.services.prometheus import services_held_back
+from tests.services.prometheus import apt_install_disabled
 
 SERVER_USER = "postgres"  # who runs the server when we are root
 SUPERUSER = "postgres"  # the cluster's role the tests connect as (trust on loopback)
@@ -79,16 +79,7 @@ def install() -> str:
             return found
         raise PermissionError("installing postgresql needs root (apt-get)")
     if not found:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        apt = ["apt-get", "-o", "DPkg::Lock::Timeout=300"]
-        with services_held_back():
-            subprocess.run([*apt, "update"], env=env, check=True)
-            subprocess.run([*apt, "install", "-y", "--no-install-recommends", "postgresql"],
-                           env=env, check=True)
-        for argv in (["deb-systemd-helper", "disable", "postgresql.service"],
-                     ["update-rc.d", "postgresql", "disable"]):
-            if shutil.which(argv[0]):  # only on a machine that boots with that init system
-                subprocess.run(argv, capture_output=True, check=False)
+        apt_install_disabled("postgresql", "postgresql")
         found = find_bindir()
         if not found:
             raise FileNotFoundError("apt-get installed postgresql but no initdb was found")

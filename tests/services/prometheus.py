@@ -53,14 +53,8 @@ def install() -> str:
         return found
     if os.geteuid() != 0:
         raise PermissionError("installing prometheus needs root (apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=300"]
-    with services_held_back():
-        subprocess.run([*apt, "update"], env=env, check=True)
-        # recommends would bring prometheus-node-exporter, a second service
-        subprocess.run([*apt, "install", "-y", "--no-install-recommends", "prometheus"],
-                       env=env, check=True)
-    _keep_disabled()
+    # recommends would bring prometheus-node-exporter, a second service
+    apt_install_disabled("prometheus", "prometheus")
     found = find_binary()
     if not found:
         raise FileNotFoundError("apt-get installed prometheus but no binary was found")
@@ -97,11 +91,19 @@ def _policy_refuses() -> bool:
     return result.returncode == 101
 
 
-def _keep_disabled() -> None:
-    """Not started is not enough: on a machine that boots with systemd or sysvinit, the
-    package also enabled the service. Tools that are absent are simply skipped."""
-    for argv in (["deb-systemd-helper", "disable", "prometheus.service"],
-                 ["update-rc.d", "prometheus", "disable"]):
+def apt_install_disabled(package: str, service: str) -> None:
+    """`apt-get install` a Debian package (without recommends) whose service is neither
+    started nor enabled: the tests want its binaries, not a daemon at every boot. Not started
+    is not enough: on a machine that boots with systemd or sysvinit, the package also enabled
+    the service; tools that are absent are simply skipped."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=300"]
+    with services_held_back():
+        subprocess.run([*apt, "update"], env=env, check=True)
+        subprocess.run([*apt, "install", "-y", "--no-install-recommends", package],
+                       env=env, check=True)
+    for argv in (["deb-systemd-helper", "disable", f"{service}.service"],
+                 ["update-rc.d", service, "disable"]):
         if shutil.which(argv[0]):
             subprocess.run(argv, capture_output=True, check=False)
 

@@ -22,7 +22,7 @@ import pytest
 
 from tests.gateway.server import free_port
 from tests.services import installer_main
-from tests.services.prometheus import services_held_back
+from tests.services.prometheus import apt_install_disabled
 
 DEBIAN_BINARY = "/usr/bin/redis-server"
 
@@ -49,16 +49,7 @@ def install() -> str:
         return found
     if os.geteuid() != 0:
         raise PermissionError("installing redis-server needs root (apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=300"]
-    with services_held_back():
-        subprocess.run([*apt, "update"], env=env, check=True)
-        subprocess.run([*apt, "install", "-y", "--no-install-recommends", "redis-server"],
-                       env=env, check=True)
-    for argv in (["deb-systemd-helper", "disable", "redis-server.service"],
-                 ["update-rc.d", "redis-server", "disable"]):
-        if shutil.which(argv[0]):  # only on a machine that boots with that init system
-            subprocess.run(argv, capture_output=True, check=False)
+    apt_install_disabled("redis-server", "redis-server")
     found = find_binary()
     if not found:
         raise FileNotFoundError("apt-get installed redis-server but no binary was found")
