@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import ipaddress
 import os
-import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -13,6 +11,7 @@ from dataclasses import dataclass, fields
 from runtime.engine_settings import EngineSettings
 from runtime.errors import ModelLoadError
 from runtime.model_files import FAKE_MODEL_NAME, default_model_path, model_name
+from runtime.protocol import is_loopback
 from runtime.sampling_defaults import SamplingSpec, parse_spec
 
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
@@ -160,20 +159,7 @@ class GatewayConfig(EngineSettings):
         return max(1, (os.cpu_count() or 1) // max(1, self.num_workers()))
 
 
-def is_loopback_host(host: str) -> bool:
-    """The host resolves only to loopback addresses ("" and 0.0.0.0 mean every interface)."""
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
-                               for i in infos)
+is_loopback_host = is_loopback  # the one check, shared with runtime/serve.py
 
 
 def refuse_open_keyless(config: GatewayConfig) -> None:

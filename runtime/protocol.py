@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import ipaddress
+import socket
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
@@ -289,3 +291,20 @@ def proof(token: str, role: bytes, first: bytes, second: bytes) -> bytes:
 
 def check_proof(token: str, role: bytes, first: bytes, second: bytes, mac: bytes) -> bool:
     return hmac.compare_digest(proof(token, role, first, second), mac)
+
+
+def is_loopback(host: str) -> bool:
+    """Every address `host` names is a loopback one ("" and 0.0.0.0 mean every interface): who
+    may reach a listener bound there without a secret (the gateway's and a shared worker's)."""
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
+                               for i in infos)

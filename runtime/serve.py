@@ -16,7 +16,6 @@ set it is asked on loopback too.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
 import os
 import queue
@@ -43,6 +42,7 @@ from runtime.protocol import (
     check_proof,
     encode_frame,
     hello,
+    is_loopback,
     proof,
     read_frame_blocking,
 )
@@ -297,22 +297,6 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     while len(data) < size and (chunk := sock.recv(size - len(data))):
         data += chunk
     return data
-
-
-def is_loopback(host: str) -> bool:
-    """Every address `host` names is a loopback one ("" and 0.0.0.0 mean every interface)."""
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(str(i[4][0]).split("%")[0]).is_loopback
-                               for i in infos)
 
 
 def check_exposure(host: str, token: str | None) -> None:
