@@ -52,7 +52,12 @@ def run(engine, jobs: dict) -> tuple[dict[str, Result], int]:
     id, and the number of steps taken."""
     for rid, (prompt, params) in jobs.items():
         engine.add_request(rid, prompt, params)
-    outs: dict[str, list] = {rid: [] for rid in jobs}
+    return drain(engine, list(jobs))
+
+
+def drain(engine, request_ids: list[str]) -> tuple[dict[str, Result], int]:
+    """Step until the already-added requests finish: their results by id, and the steps."""
+    outs: dict[str, list] = {rid: [] for rid in request_ids}
     steps = 0
     while engine.has_unfinished_requests():
         for out in engine.step()[0]:

@@ -13,7 +13,7 @@ from runtime.errors import InvalidRequestError
 from runtime.protocol import AddRequest, Rejected, Step, read_frame_blocking
 from runtime.sampling_params import SamplingParams
 from runtime.worker import Worker
-from tests.runtime.structured_helpers import SPECS, assert_clean, is_valid, run
+from tests.runtime.structured_helpers import SPECS, assert_clean, drain, is_valid, run
 
 BAD = {"type": "json", "param": "response_format",
        "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}
@@ -38,10 +38,16 @@ def gate(monkeypatch):
     opened.set()
 
 
-def test_a_grammar_that_fails_later_is_refused_and_then_refused_at_once(make_tiny_engine):
+def test_a_grammar_that_fails_later_is_refused_and_then_refused_at_once(
+        make_tiny_engine, gate):
     engine = make_tiny_engine()
     prompt = engine.tokenizer.encode("The quick brown fox")
-    results, _ = run(engine, {"bad": (prompt, constrained(BAD)), "ok": (prompt, FREE)})
+    # the compile is held until both are added: without the gate a fast failure could
+    # finish before add_request looks, and this would test the at-once refusal twice
+    engine.add_request("bad", prompt, constrained(BAD))
+    engine.add_request("ok", prompt, FREE)
+    gate.set()
+    results, _ = drain(engine, ["bad", "ok"])
     bad = results["bad"]
     assert [o.finish_reason for o in bad.outputs] == ["rejected"] and bad.tokens == []
     assert bad.final.error["param"] == "response_format"
