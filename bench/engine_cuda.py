@@ -70,11 +70,11 @@ def matrix_bytes(engine) -> int:
                for lin in engine.runner.model.linears())
 
 
-def make_engine(ck, args, graphs: bool, max_seqs: int):
+def make_engine(ck, args, graphs: bool, max_seqs: int, overlap: str = "auto"):
     from runtime.config import EngineConfig
     from runtime.engine import LLMEngine
     return LLMEngine(ck, EngineConfig(
-        device="cuda", cuda_graphs=graphs, max_num_seqs=max_seqs,
+        device="cuda", cuda_graphs=graphs, max_num_seqs=max_seqs, overlap=overlap,
         max_num_batched_tokens=max(args.max_num_batched_tokens, 8192),
         kv_cache_bytes=int(max(args.kv_gib, 16.0) * (1 << 30)),
         enable_prefix_caching=not args.no_prefix_caching, seed=args.seed))
@@ -106,6 +106,8 @@ def main_cuda(args) -> int:
     modes = {"on": [True], "off": [False], "both": [True, False]}[args.cuda_graphs]
     engines = {f"ours, graphs {'on' if g else 'off'}": make_engine(ck, args, g, max_seqs)
                for g in modes}
+    if True in modes:  # the overlap scheduler's share: the same graphs, steps in order
+        engines["ours, graphs on, overlap off"] = make_engine(ck, args, True, max_seqs, "off")
     hf = None
     if not args.skip_transformers:
         log("[bench] loading transformers on the same GPU (bfloat16) ...")

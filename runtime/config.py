@@ -60,6 +60,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
     cuda_graphs: bool = True  # decode steps replay CUDA graphs on CUDA (runtime/cuda_graphs.py)
+    overlap: str = "auto"  # auto | on | off: plan a step while the last runs (runtime/overlap.py)
     thread_policy: str = "adaptive"  # adaptive | fixed (runtime/thread_governor.py)
     quantization: str = "auto"  # auto | none | int8 | int4 (runtime/quantization.py)
     quant_max_rows: int | None = None  # steps of at most this many rows use the quantized

@@ -113,10 +113,12 @@ class DecodeGraphs:
         to_device(host.values, self.device, self.static)
         return host
 
-    def run(self, batch: Sequence[ScheduledRequest]
+    def run(self, batch: Sequence[ScheduledRequest],
+            fill: Callable[[HostStep, torch.Tensor], None] | None = None
             ) -> tuple[torch.Tensor, HostStep, StepTensors] | None:
         """The step's hidden states [len(batch), H] by replaying a graph, with its packed
-        inputs, or None when the step does not fit one (run it eagerly)."""
+        inputs, or None when the step does not fit one (run it eagerly). `fill` writes
+        placeholder tokens into the loaded input ids on the device (runtime/overlap.py)."""
         rows = self.bucket_for(batch)
         if rows is None or rows not in self.graphs:
             return None
@@ -125,5 +127,8 @@ class DecodeGraphs:
         if host.layout.model_size != size:  # cannot be: the layout is the bucket's and width's
             raise RuntimeError(f"bucket {rows}: packed {host.layout.model_size} values, the "
                                f"graph reads {size}")
+        inputs = views(self.static, host.layout)
+        if fill is not None:
+            fill(host, inputs.input_ids)
         graph.replay()
-        return hidden[:len(batch)], host, views(self.static, host.layout)
+        return hidden[:len(batch)], host, inputs

@@ -14,8 +14,9 @@ from runtime.engine_disagg import Disaggregation
 from runtime.errors import DuplicateRequestError
 from runtime.kv_cache import KVCacheManager
 from runtime.loader import Checkpoint, load_checkpoint
-from runtime.model_runner import ModelRunner, StepSample
-from runtime.outputs import EngineCounters, RequestOutput, StepStats, Usage, wall_clock
+from runtime.model_runner import ModelRunner
+from runtime.outputs import EngineCounters, RequestOutput, StepSample, StepStats, Usage, wall_clock
+from runtime.overlap import InFlight, needs_ordered_steps, overlap_enabled
 from runtime.protocol import KvEvents
 from runtime.request import Request, RequestStatus
 from runtime.sampling_params import SamplingParams
@@ -56,6 +57,8 @@ class LLMEngine(Disaggregation):
         # a GPU's launches do not wait on CPU threads: only the CPU path adapts its count
         self.threads = ThreadGovernor(policy=config.thread_policy
                                       if self.runner.device.type == "cpu" else "fixed")
+        self.overlap = overlap_enabled(config.overlap, self.runner.device)
+        self.inflight: InFlight | None = None  # the step launched last, not read back yet
 
     def _make_drafter(self):
         if self.spec.method == "self":
@@ -146,16 +149,62 @@ class LLMEngine(Disaggregation):
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
+        """Plan, run and process one step. When overlapping (runtime/overlap.py) the step is
+        launched first and the previous one processed while it runs: outputs then come one
+        step after the one that sampled them."""
         start = time.perf_counter()
-        refused = [self._refuse(r, error) for r, error in self.structured.poll()]
+        outputs = [self._refuse(r, error) for r, error in self.structured.poll()]
+        overlap = self._may_overlap()
+        if self.inflight is not None and not overlap:
+            outputs += self._read_back(self.inflight)  # in order from here: catch up first
+            self.inflight = None
         sched = self.scheduler.schedule()
         if sched.is_empty and self.structured.pending:
             self.structured.wait(GRAMMAR_WAIT_S)  # only compiles are left: do not spin
         self.threads.before_step()
-        result = self.runner.run(sched, self.requests)
+        if overlap:
+            outputs += self._launch(sched)
+        else:
+            outputs += self._postprocess(sched, self.runner.run(sched, self.requests))
         self.threads.after_step(sched.num_scheduled_tokens)
-        outputs = refused + self._postprocess(sched, result)
         return outputs, self._stats(sched, time.perf_counter() - start)
+
+    def _may_overlap(self) -> bool:
+        """Overlap this step unless a request needs its last token on the host to plan it."""
+        speculating = self.spec.enabled
+        return self.overlap and not any(needs_ordered_steps(r, speculating)
+                                        for r in self.requests.values())
+
+    def _launch(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Launch the step over the previous one's placeholders, advance the counters the
+        next plan builds on, then process the previous step while this one runs."""
+        previous = self.inflight
+        pending = self.runner.launch(sched, self.requests,
+                                     previous.pending if previous is not None else None)
+        for request in self.scheduler.update_computed(sched):
+            request.num_placeholders += 1  # its token is on the device until read back
+        self.inflight = InFlight(sched, pending) if not sched.is_empty else None
+        if previous is not None:
+            self.counters.overlapped_steps += not sched.is_empty
+            return self._read_back(previous)
+        return []
+
+    def _read_back(self, inflight: InFlight) -> list[RequestOutput]:
+        """Process a launched step: its placeholders become tokens. Rows of requests that
+        ended (or were parked) since it was planned are dropped: that work is wasted."""
+        result = inflight.pending.result()
+        sampled = []
+        for s in inflight.sched.scheduled:
+            request = self.requests.get(s.request_id)
+            if request is None or request.is_finished:
+                continue
+            if s.samples:
+                request.num_placeholders -= 1
+                if request.status is not RequestStatus.PARKED:
+                    sampled.append(request)
+            if request.status is RequestStatus.RUNNING:
+                self.kv.cache_full_blocks(request)  # blocks whose tokens are known now
+        return self._emit(inflight.sched, sampled, result)
 
     def _refuse(self, request: Request, error: GrammarError) -> RequestOutput:
         """End a request whose grammar failed to compile after admission: a refusal."""
@@ -167,8 +216,14 @@ class LLMEngine(Disaggregation):
     def _postprocess(self, sched: SchedulerOutput, result: StepSample) -> list[RequestOutput]:
         """Advance the requests, append their sampled tokens, stream and finish them."""
         sampled = self.scheduler.update_computed(sched, result.rejected)
+        return self._emit(sched, sampled, result)
+
+    def _emit(self, sched: SchedulerOutput, sampled: list[Request], result: StepSample
+              ) -> list[RequestOutput]:
+        """Append the tokens of the requests that sampled, stream them, finish those done."""
         for rid, (first, entries) in result.prompt_logprobs.items():
-            self.requests[rid].add_prompt_logprobs(first, entries)
+            if rid in self.requests:  # else it ended while its step ran
+                self.requests[rid].add_prompt_logprobs(first, entries)
         self._count_spec(sched, result)
         outputs = []
         now = time.monotonic()
@@ -220,7 +275,7 @@ class LLMEngine(Disaggregation):
             request.stop_reason = request.detokenizer.stop_reason
             return RequestStatus.FINISHED_STOPPED
         if request.num_output_tokens >= params.max_tokens or \
-                request.num_tokens >= self.max_model_len:
+                request.num_known_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -296,7 +351,8 @@ class LLMEngine(Disaggregation):
                 "prompt_tokens": c.num_prompt_tokens, "generation_tokens": c.num_generation_tokens,
                 "spec_drafts": c.spec_drafts, "spec_draft_tokens": c.spec_draft_tokens,
                 "spec_accepted_tokens": c.spec_accepted_tokens,
-                "spec_accepted_per_pos": list(c.spec_accepted_per_pos)}
+                "spec_accepted_per_pos": list(c.spec_accepted_per_pos),
+                "overlapped_steps": c.overlapped_steps}
 
     def drain_kv_events(self) -> KvEvents | None:
         """Cached blocks stored and removed since the last call, or None (runtime/kv_events.py)."""

@@ -42,6 +42,7 @@ class Disaggregation:
         if request is None or request not in self.scheduler.running:
             return False
         self.scheduler.running.remove(request)
+        request.status = RequestStatus.PARKED  # a step in flight drops what it sampled for it
         return True
 
     def request_timing(self, request_id: str) -> dict:

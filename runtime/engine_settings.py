@@ -45,6 +45,8 @@ class EngineSettings:
     quantization: str = setting(_ENGINE.quantization,
                                 "weights: auto (int8 for a quantized GGUF on a vectorized CPU), "
                                 "none, int8 or int4")
+    overlap: str = setting(_ENGINE.overlap,
+                           "plan each step while the last one runs: auto (on CUDA), on or off")
     kv_cache_gb: float = setting(_ENGINE.kv_cache_bytes / GIB, "KV-cache memory per worker, GiB",
                                  "kv_cache_bytes", _gib_to_bytes)
     max_num_seqs: int = setting(_ENGINE.max_num_seqs, "running requests per worker")

@@ -101,7 +101,8 @@ class KVCacheManager:
         held = self._held(request.request_id)
         if held.hash_root is None:
             held.hash_root = root_hash(self.model_id, request.cache_salt)
-        n = upto_tokens // self.block_size
+        # a placeholder (a token still on the device) is never hashed
+        n = min(upto_tokens, request.num_known_tokens) // self.block_size
         if len(held.hashes) < n:  # tokens only grow, so known hashes stay valid
             held.hashes = block_hashes(held.hash_root, request.token_slice(0, n * self.block_size),
                                        self.block_size, held.hashes)

@@ -12,7 +12,7 @@ here until the scheduler reports the request finished.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
@@ -23,7 +23,8 @@ from runtime.config import EngineConfig, ModelConfig
 from runtime.cuda_graphs import DecodeGraphs, capture_sizes
 from runtime.linear_calibration import Calibration
 from runtime.model import LlamaModel
-from runtime.outputs import PromptLogprob, TokenLogprob
+from runtime.outputs import PromptLogprob, StepSample
+from runtime.overlap import PendingStep, placeholder_fill
 from runtime.quantization import resolve as resolve_quantization
 from runtime.request import Request
 from runtime.sampler import Sampler, SamplingRow, score_tokens
@@ -34,18 +35,6 @@ from runtime.weight_cache import resolve_cache_dir
 
 # prompt positions scored per LM-head call: bounds the [rows, vocab] logits a long chunk makes
 PROMPT_LOGPROB_ROWS = 256
-
-
-@dataclass
-class StepSample:
-    """What one step sampled: new tokens per request (several when proposals were accepted),
-    logprobs where asked, how many proposed tokens each speculating request rejected, and the
-    prompt logprobs each gathering request got: (its first prompt position, entries)."""
-
-    tokens: dict[str, list[int]] = field(default_factory=dict)
-    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
-    rejected: dict[str, int] = field(default_factory=dict)
-    prompt_logprobs: dict[str, tuple[int, list[PromptLogprob]]] = field(default_factory=dict)
 
 
 def resolve_dtype(config: EngineConfig) -> torch.dtype:
@@ -176,16 +165,25 @@ class ModelRunner:
         meta = AttentionMetadata.build(t, layout, self.block_size, self._rotary(self.model_cfg))
         return self.model.forward(t.input_ids, meta, self.kv_caches)
 
-    def _forward(self, batch: Sequence[ScheduledRequest]
+    def _forward(self, batch: Sequence[ScheduledRequest], previous: PendingStep | None = None
                  ) -> tuple[torch.Tensor, step_inputs.HostStep, step_inputs.StepTensors]:
         """Hidden states of the step's tokens and its packed inputs: a graph's replay when
-        the step fits a bucket, else an eager forward."""
+        the step fits a bucket, else an eager forward. Placeholder tokens are filled in
+        from `previous` (the step still in flight) on the device first."""
+        fill = lambda host, ids: self._fill(batch, host, ids, previous)  # noqa: E731
         if self.graphs is not None:
-            replayed = self.graphs.run(batch)
+            replayed = self.graphs.run(batch, fill)
             if replayed is not None:
                 return replayed
         host, t = self._pack(batch)
+        fill(host, t.input_ids)
         return self._forward_packed(t, host.layout), host, t
+
+    def _fill(self, batch: Sequence[ScheduledRequest], host: step_inputs.HostStep,
+              input_ids: torch.Tensor, previous: PendingStep | None) -> None:
+        write = placeholder_fill(batch, host.last_index, previous, self.device)
+        if write is not None:
+            write(input_ids)
 
     def _capture_graphs(self) -> DecodeGraphs | None:
         if not self.config.cuda_graphs or DecodeGraphs.supported(self.device) is not None:
@@ -204,30 +202,15 @@ class ModelRunner:
         that reaches its sequence's end."""
         self.forget(out.finished_request_ids)
         self.apply_kv_transfers(out.kv_transfers)
-        result = StepSample()
         if out.is_empty:
-            return result
+            return StepSample()
         batch = self._with_drafts(out, requests)
         hidden, host, packed = self._forward(batch)
         last_index = host.last_index
         sampling = [s for s in batch if s.samples]
         masks = self._grammar_masks(sampling, requests)
-        plain = [requests[s.request_id] for s in sampling if not s.num_spec]
-        if plain:
-            # their rows came with the step's inputs: no copy here to wait for the forward
-            logits = self.model.compute_logits(hidden.index_select(0, packed.sample_rows))
-            rows = [SamplingRow(r.params, self._generator(r), r.prompt_token_ids,
-                                r.output_token_ids) for r in plain]
-            masked = [i for i, r in enumerate(plain) if r.request_id in masks]
-            mask = TokenMask(masked, torch.cat([masks[plain[i].request_id] for i in masked])
-                             ) if masked else None
-            sampled = self.sampler(logits, rows, mask)
-            for i, r in enumerate(plain):
-                result.tokens[r.request_id] = [sampled.token_ids[i]]
-                if sampled.logprobs[i] is not None:
-                    result.logprobs[r.request_id] = [TokenLogprob(
-                        sampled.token_ids[i], sampled.logprobs[i],
-                        tuple(sampled.top_logprobs[i] or ()))]
+        plain = self._sample_plain(sampling, requests, hidden, packed, masks)
+        result = plain.result()
         for s in sampling:
             k = s.num_spec
             if k:
@@ -241,6 +224,43 @@ class ModelRunner:
                 result.rejected[s.request_id] = k - (len(tokens) - 1)
         self._score_prompts(batch, requests, hidden, last_index, result)
         return result
+
+    @torch.inference_mode()
+    def launch(self, out: SchedulerOutput, requests: Mapping[str, Request],
+               previous: PendingStep | None) -> PendingStep:
+        """Run a step without waiting for what it samples (runtime/overlap.py): its
+        placeholder tokens come from `previous` on the device, its tokens stay there until
+        `result()`. Plain steps only: no proposals, grammars or penalties."""
+        self.forget(out.finished_request_ids)
+        self.apply_kv_transfers(out.kv_transfers)
+        if out.is_empty:
+            return PendingStep()
+        batch = list(out.scheduled)
+        if any(s.num_spec for s in batch):
+            raise ValueError("a step with proposals cannot be launched ahead of its reads")
+        hidden, host, packed = self._forward(batch, previous)
+        pending = self._sample_plain([s for s in batch if s.samples], requests, hidden,
+                                     packed, {})
+        self._score_prompts(batch, requests, hidden, host.last_index, pending.partial)
+        return pending
+
+    def _sample_plain(self, sampling: Sequence[ScheduledRequest],
+                      requests: Mapping[str, Request], hidden: torch.Tensor,
+                      packed: step_inputs.StepTensors, masks: dict[str, torch.Tensor]
+                      ) -> PendingStep:
+        """Sample every request without proposals in one call, its tokens left on the
+        device; their rows came with the step's inputs, so no copy waits for the forward."""
+        plain = [requests[s.request_id] for s in sampling if not s.num_spec]
+        if not plain:
+            return PendingStep(partial=StepSample())
+        logits = self.model.compute_logits(hidden.index_select(0, packed.sample_rows))
+        rows = [SamplingRow(r.params, self._generator(r), r.prompt_token_ids,
+                            r.output_token_ids) for r in plain]
+        masked = [i for i, r in enumerate(plain) if r.request_id in masks]
+        mask = TokenMask(masked, torch.cat([masks[plain[i].request_id] for i in masked])
+                         ) if masked else None
+        return PendingStep(self.sampler.sample(logits, rows, mask),
+                           {r.request_id: i for i, r in enumerate(plain)}, StepSample())
 
     def _grammar_masks(self, sampling: Sequence[ScheduledRequest],
                        requests: Mapping[str, Request]) -> dict[str, torch.Tensor]:

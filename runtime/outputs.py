@@ -39,6 +39,18 @@ class PromptLogprob:
 
 
 @dataclass
+class StepSample:
+    """What one step sampled: new tokens per request (several when proposals were accepted),
+    logprobs where asked, how many proposed tokens each speculating request rejected, and the
+    prompt logprobs each gathering request got: (its first prompt position, entries)."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprob]] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[PromptLogprob]]] = field(default_factory=dict)
+
+
+@dataclass
 class RequestOutput:
     """New tokens of one request since its last output. `usage` is current at every output."""
 
@@ -99,3 +111,4 @@ class EngineCounters:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_per_pos: list = field(default_factory=list)
+    overlapped_steps: int = 0  # steps launched before the previous one was read back

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from runtime.structured.matcher import GrammarState
 
 
+# a sampled token still on the device: the step after it was scheduled before it was read
+# (runtime/overlap.py); the runner fills it in on the device, never the embedding's input
+PLACEHOLDER = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -27,6 +32,7 @@ class RequestStatus(enum.Enum):
     FINISHED_ABORTED = "abort"
     FINISHED_REJECTED = "rejected"  # refused after admission: its grammar did not compile
     FINISHED_ERROR = "error"  # its grammar failed mid-output (a parser limit was hit)
+    PARKED = "parked"  # out of the batch with its blocks: a prefill worker's, awaiting export
 
     @property
     def is_finished(self) -> bool:
@@ -40,6 +46,11 @@ class Request:
     `num_computed_tokens` catches up with `num_tokens` (prompt plus output so far): a prefill
     chunk, a decode step and a recompute after preemption all follow that one rule. Only the
     scheduler (and the engine, for disaggregation) changes it.
+
+    With overlapped steps a sampled token may still be on the device when the next step is
+    planned: `num_placeholders` counts those. They are part of `num_tokens` (the scheduler
+    plans over them) but not of `output_token_ids` (what was read back), nor of any block
+    hash (only known tokens are hashed).
     """
 
     request_id: str
@@ -62,6 +73,7 @@ class Request:
     # not asked for or already delivered. Set by the engine on admission.
     prompt_logprobs: list[PromptLogprob | None] | None = None
     grammar: GrammarState | None = None  # a structured-output request's grammar (the engine's)
+    num_placeholders: int = 0  # sampled tokens not read back yet (overlapped steps)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -73,6 +85,12 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
+        """Prompt plus output, placeholders included: what the scheduler plans over."""
+        return self.num_known_tokens + self.num_placeholders
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Prompt plus the output read back so far (no placeholder)."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
@@ -110,10 +128,12 @@ class Request:
         return held
 
     def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens at positions start..end-1; PLACEHOLDER where a sampled token is unread."""
         n = len(self.prompt_token_ids)
         if end <= n:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        known = self.prompt_token_ids + self.output_token_ids
+        return (known + [PLACEHOLDER] * self.num_placeholders)[start:end]
 
     @property
     def sort_key(self) -> tuple:

@@ -13,6 +13,7 @@ the masked distribution; unmasked rows keep their exact values.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -139,6 +140,11 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
                  mask: TokenMask | None = None) -> SampleResult:
+        return self.sample(logits, rows, mask).result()
+
+    def sample(self, logits: torch.Tensor, rows: list[SamplingRow],
+               mask: TokenMask | None = None) -> DeviceSample:
+        """The step's tokens left on the device, their copy to the host started."""
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits {tuple(logits.shape)} do not match {len(rows)} rows")
         raw = logits.float()  # bf16 -> f32; f32 is not copied, so nothing below writes in place
@@ -188,27 +194,61 @@ class Sampler:
         # masked one (0 / q), even when it is the only one left.
         return uniform.clamp_min_(torch.finfo(torch.float32).tiny).log_().neg_()
 
-    # ---- logprobs -------------------------------------------------------------------------
+    # ---- logprobs ---------------------------------------------------------------------
     def _result(self, raw: torch.Tensor, rows: list[SamplingRow],
-                tokens: torch.Tensor) -> SampleResult:
-        token_ids = tokens.tolist()
-        logprobs: list[float | None] = [None] * len(rows)
-        top: list[list[tuple[int, float]] | None] = [None] * len(rows)
+                tokens: torch.Tensor) -> DeviceSample:
+        """The tokens and asked-for logprobs, still on the device (nothing here syncs)."""
         wanted = [i for i, r in enumerate(rows) if _wants_logprobs(r.params)]
         if not wanted:
-            return SampleResult(token_ids, logprobs, top)
+            return DeviceSample(tokens, rows)
         idx = torch.tensor(wanted, device=raw.device)
         lp = torch.log_softmax(raw.index_select(0, idx), dim=-1)
-        chosen = lp.gather(1, tokens.index_select(0, idx).unsqueeze(1)).squeeze(1).tolist()
+        chosen = lp.gather(1, tokens.index_select(0, idx).unsqueeze(1)).squeeze(1)
         n_top = max(rows[i].params.top_logprobs for i in wanted)
-        if n_top > 0:
-            top_vals_t, top_ids_t = lp.topk(min(n_top, lp.shape[1]), dim=-1)
-            top_vals, top_ids = top_vals_t.tolist(), top_ids_t.tolist()
-        for j, i in enumerate(wanted):
-            logprobs[i] = chosen[j]
-            n = rows[i].params.top_logprobs
+        top = lp.topk(min(n_top, lp.shape[1]), dim=-1) if n_top > 0 else None
+        return DeviceSample(tokens, rows, wanted, chosen, top)
+
+
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Start `t`'s copy to the host (pinned, non-blocking on CUDA): read once it is done."""
+    if t is None or t.device.type == "cpu":
+        return t
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+class DeviceSample:
+    """A step's sampled tokens (and logprobs) on the device, with their copy to the host
+    started: the next step can read `tokens` on the device before the host does
+    (runtime/overlap.py). `result()` waits for the copy and formats a SampleResult."""
+
+    def __init__(self, tokens: torch.Tensor, rows: list[SamplingRow],
+                 wanted: Sequence[int] = (), chosen: torch.Tensor | None = None, top=None):
+        self.tokens = tokens  # [n] int64, on the device
+        self._n_top = [rows[i].params.top_logprobs for i in wanted]
+        self._num_rows, self._wanted = len(rows), list(wanted)
+        self._host = [_to_host(t) for t in (tokens, chosen, *(top or (None, None)))]
+        self._done = None
+        if tokens.device.type == "cuda":
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def result(self) -> SampleResult:
+        if self._done is not None:
+            self._done.synchronize()  # this step's copies only, not everything queued since
+        tokens, chosen, top_vals, top_ids = self._host
+        token_ids = tokens.tolist()
+        logprobs: list[float | None] = [None] * self._num_rows
+        top: list[list[tuple[int, float]] | None] = [None] * self._num_rows
+        if not self._wanted:
+            return SampleResult(token_ids, logprobs, top)
+        chosen_values = chosen.tolist()
+        values = top_vals.tolist() if top_vals is not None else []
+        ids = top_ids.tolist() if top_ids is not None else []
+        for j, (i, n) in enumerate(zip(self._wanted, self._n_top)):
+            logprobs[i] = chosen_values[j]
             if n > 0:  # tokens a grammar's mask rules out (-inf) are no alternatives
-                top[i] = [(t, v) for t, v in zip(top_ids[j][:n], top_vals[j][:n])
+                top[i] = [(t, v) for t, v in zip(ids[j][:n], values[j][:n])
                           if v != float("-inf")]
         return SampleResult(token_ids, logprobs, top)
 

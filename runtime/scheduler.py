@@ -127,6 +127,8 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            if self._ends_in_flight(request):
+                continue  # its last token is in the step still running: nothing to plan
             num_new = min(self._num_runnable(request), budget)
             if num_new <= 0:
                 continue
@@ -179,6 +181,13 @@ class Scheduler:
             in_flight.update(self._pending_prompt_blocks(request))
         for request in deferred:
             self.waiting.push(request)
+
+    def _ends_in_flight(self, request: Request) -> bool:
+        """The request's last allowed token is a placeholder (runtime/overlap.py): it ends
+        when that step is read back, whatever the token is."""
+        return request.num_placeholders > 0 and (
+            request.num_output_tokens + request.num_placeholders >= request.params.max_tokens
+            or request.num_tokens >= self.max_model_len)
 
     @staticmethod
     def _num_runnable(request: Request) -> int:

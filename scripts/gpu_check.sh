@@ -5,10 +5,12 @@
 #   2. bench/kernels.py --quick: decode attention's bandwidth against the copy bandwidth
 #      (target >= 70% at batch 64 x 8k);
 #   3. the runtime on CUDA (tests/runtime/test_gpu_path.py): greedy tokens against the CPU
-#      reference on the tiny model and on SmolLM2 in bfloat16, graphs on and off;
-#   4. bench/engine.py --device cuda: ours (CUDA graphs on and off) against transformers on the
-#      same GPU and weights at 1, 64 and 256 requests (targets: >= 10x transformers at 256, a
-#      batch-1 decode step within 1.5x of the weights-read bound).
+#      reference on the tiny model and on SmolLM2 in bfloat16, graphs on and off, steps
+#      overlapped and in order;
+#   4. bench/engine.py --device cuda: ours (CUDA graphs on and off, and graphs on with the
+#      overlap scheduler off) against transformers on the same GPU and weights at 1, 64 and
+#      256 requests (targets: >= 10x transformers at 256, a batch-1 decode step within 1.5x
+#      of the weights-read bound).
 # Results (logs, JSON, the printed tables) go to $GPU_CHECK_OUT, else $OUT/gpu-check (the
 # device tool's folder that comes back), else bench/results/gpu-check-DATE; printed at the end.
 #

@@ -207,8 +207,8 @@ def count_replays(engine) -> list[int]:
     graphs, seen = engine.runner.graphs, [0]
     run = graphs.run
 
-    def counted(batch):
-        result = run(batch)
+    def counted(batch, fill=None):
+        result = run(batch, fill)
         seen[0] += result is not None
         return result
     graphs.run = counted
@@ -217,18 +217,20 @@ def count_replays(engine) -> list[int]:
 
 @needs_cuda
 def test_cuda_engine_gives_the_cpu_reference_tokens_on_the_tiny_model(make_tiny_engine):
-    """float32 on the GPU (Triton kernels, graphs on and off) against the CPU's references:
-    greedy tokens equal, with decodes replayed from graphs and chunked prefill eagerly."""
+    """float32 on the GPU (Triton kernels, graphs on and off, steps overlapped and in order)
+    against the CPU's references: greedy tokens equal, with decodes replayed from graphs
+    (their placeholder tokens filled in on the device) and chunked prefill eagerly."""
     prompts = [make_tiny_engine().tokenizer.encode(t) for t in TEXTS]
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     expected = make_tiny_engine(max_num_batched_tokens=8).generate(prompts, params)
-    for graphs in (True, False):
+    for graphs, overlap in ((True, "on"), (True, "off"), (False, "on")):
         engine = make_tiny_engine(device="cuda", dtype="float32", cuda_graphs=graphs,
-                                  max_num_batched_tokens=8)
+                                  max_num_batched_tokens=8, overlap=overlap)
         assert (engine.runner.graphs is not None) == graphs
         replays = count_replays(engine) if graphs else [0]
         assert engine.generate(prompts, params) == expected
         assert (replays[0] > 0) == graphs
+        assert (engine.counters.overlapped_steps > 0) == (overlap == "on")
 
 
 def agree_within_tolerance(prompt: list[int], ref: list[int], got: list[int],

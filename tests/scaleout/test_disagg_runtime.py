@@ -14,9 +14,11 @@ PROMPTS = [[(7 * i + 3 * j) % 200 + 5 for j in range(n)] for i, n in
            enumerate((1, 3, 4, 9, 17, 33))]
 
 
-@pytest.fixture
-def pair(make_tiny_engine):
-    p = Pair(lambda: make_tiny_engine())
+@pytest.fixture(params=["off", "on"], ids=["in-order", "overlapped"])
+def pair(make_tiny_engine, request):
+    """Both workers with steps in order, then overlapped (runtime/overlap.py): a prefill
+    worker parks a request whose second step is already in flight, and drops that row."""
+    p = Pair(lambda: make_tiny_engine(overlap=request.param))
     yield p
     p.close()
 
