@@ -7,6 +7,8 @@ import asyncio
 import concurrent.futures
 from typing import Any
 
+from gateway.billing.stores import StoreUnavailable
+
 READ_TIMEOUT = 30.0
 
 
@@ -27,14 +29,17 @@ class PgLedger:
         if running is loop:  # waiting here would block the very loop that must answer
             coro.close()
             raise RuntimeError("call the shared ledger from a worker thread, not its loop")
-        return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise StoreUnavailable("PostgreSQL", f"no answer in {timeout:g} s") from None
 
     def flush(self, timeout: float = READ_TIMEOUT) -> None:
         """Wait until every settlement begun so far reached PostgreSQL or the outbox (as the
         SQLite ledger's flush, it gives up quietly after `timeout`)."""
         try:
             self._run(self.store.drain(), timeout)
-        except concurrent.futures.TimeoutError:
+        except StoreUnavailable:
             pass
 
     def totals(self, period: str = "day", since: float | None = None,

@@ -6,7 +6,8 @@ import logging
 import orjson
 from aiohttp import web
 
-from gateway.errors import APIError, error_body
+from gateway.billing.stores import StoreUnavailable
+from gateway.errors import APIError, error_body, store_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,9 @@ async def error_middleware(request: web.Request, handler):
     except APIError as exc:
         _count(request, exc.status)
         return error_response(exc)
+    except StoreUnavailable as exc:  # a shared store (PostgreSQL, Redis) down on any route
+        _count(request, 503)
+        return error_response(store_unavailable(str(exc), exc.retry_after))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -246,13 +246,19 @@ def test_postgres_down_refuses_new_requests_bills_what_ran_and_resumes(fleet):
                                       {"prompt": PROMPT, "max_tokens": 2}) for i in range(6)]
                 finished = [await finish_stream(r) for r, _ in streams]
                 reserved_while_down = reserved_gauges(fleet)
+                usage_while_down = await asyncio.to_thread(
+                    fleet.gws[0].get, "/admin/usage?period=all", "sk-ops")
             finally:
                 fleet.pg.start()
             resumed = await until_served(s, fleet, "sk-durable")
-            return [i for _, i in streams], refused, finished, reserved_while_down, resumed
+            return ([i for _, i in streams], refused, finished, reserved_while_down, resumed,
+                    usage_while_down)
 
-    ran, refused, finished, reserved_while_down, resumed = asyncio.run(main())
+    ran, refused, finished, reserved_while_down, resumed, usage = asyncio.run(main())
     assert_refused_closed(refused)
+    # the ledger cannot be read: a 503 with the OpenAI error body, not a 500
+    assert usage[0] == 503, usage
+    assert orjson.loads(usage[1])["error"]["code"] == "store_unavailable"
     assert finished == [(True, [])] * 4  # their bills went to the outbox, so they ended well
     assert reserved_while_down > 0  # reserved until the settlement reaches PostgreSQL
     served = [a.body["id"] for a in resumed if a.status == 200]
