@@ -4,9 +4,14 @@ For each distinct (format, N, K) the calibration times the quantized matmul agai
 `F.linear` at growing row counts and keeps the largest count at which the quantized one is
 still faster; above it the float copy runs (runtime/linear.py). Timings depend on the CPU,
 the torch build and the thread count, so those name the cache entry; a start with a warm cache
-measures nothing. The measurement takes about a second for a 135M model on 2 cores. A
+measures nothing. The measurement takes a few seconds for a 135M model on 2 cores. A
 measurement made while other work held the cores (a load average above their number) is
 used for this start but not saved: a busy minute must not decide every later start.
+
+Each timed call starts with the weight out of the CPU's caches, as in a forward pass, where
+every other layer's weights pass through them between two uses of one: timed hot, a small
+float matrix (576x576, 1.3 MB) beat its int8 copy at one row, but in the model it took 154 us a
+call against 84 us for int8, which reads a quarter of the bytes from memory.
 """
 from __future__ import annotations
 
@@ -23,7 +28,8 @@ import torch.nn.functional as F
 from runtime.quantization import Int4Weight, Int8Weight
 
 ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: timed with cold caches
+EVICT_BYTES = 64 << 20  # more than any last-level cache of these machines
 log = logging.getLogger(__name__)
 
 
@@ -44,29 +50,46 @@ def cache_key(kind: str, shape: tuple[int, int]) -> str:
             f"{kind}|{shape[0]}x{shape[1]}")
 
 
-def _seconds(fn) -> float:
+class ColdCache:
+    """Reads a buffer larger than the last-level cache, so the next call finds no weight
+    there (its first call allocates the buffer)."""
+
+    def __init__(self, nbytes: int = EVICT_BYTES):
+        self.nbytes = nbytes
+        self.buffer: torch.Tensor | None = None
+
+    def __call__(self) -> None:
+        if self.buffer is None:
+            self.buffer = torch.ones(self.nbytes // 4)
+        self.buffer.sum()
+
+
+def _seconds(fn, evict: ColdCache) -> float:
+    evict()
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
 def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, weight: torch.Tensor, rows: int,
-                         repeats: int = 7) -> float:
-    """Median over pairs of (quantized time / float time), the two run back to back so that
-    a neighbour's burst slows both of a pair alike instead of deciding the comparison."""
+                         repeats: int = 7, evict: ColdCache | None = None) -> float:
+    """Median over pairs of (quantized time / float time), each from cold caches, the two
+    run back to back so that a neighbour's burst slows both of a pair alike instead of
+    deciding the comparison."""
+    evict = evict or ColdCache()
     x = torch.randn(rows, weight.shape[1])
     packed.matmul(x), F.linear(x, weight)  # warm: first calls allocate and fault pages in
-    ratios = sorted(_seconds(lambda: packed.matmul(x)) / _seconds(lambda: F.linear(x, weight))
-                    for _ in range(repeats))
+    ratios = sorted(_seconds(lambda: packed.matmul(x), evict)
+                    / _seconds(lambda: F.linear(x, weight), evict) for _ in range(repeats))
     return ratios[len(ratios) // 2]
 
 
 def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor) -> int:
     """The largest row count in ROWS at which `packed` beats float32, 0 if none; the counts
     are tried in order and the search stops at the first loss (the gap only widens)."""
-    best = 0
+    best, evict = 0, ColdCache()
     for rows in ROWS:
-        if quant_to_dense_ratio(packed, weight, rows) >= 1.0:
+        if quant_to_dense_ratio(packed, weight, rows, evict=evict) >= 1.0:
             break
         best = rows
     return best

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.linear import Linear
-from runtime.linear_calibration import Calibration, cache_key
+from runtime.linear_calibration import Calibration, ColdCache, cache_key, quant_to_dense_ratio
 from runtime.quantization import (
     INT4_GROUP,
     Int4Weight,
@@ -116,6 +116,23 @@ def test_the_crossover_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert again.max_quant_rows("int8", p.dequantized(), p) == rows and again.measured == 0
     table = json.loads((tmp_path / "linear-crossover.json").read_text())
     assert table == {cache_key("int8", (256, 128)): rows}
+
+
+def test_every_timed_call_starts_from_cold_caches():
+    """Both kernels of each pair are timed after the caches were flushed: a weight timed hot
+    (in cache) flatters the float copy of a small matrix against the model's real case."""
+    class Counting(ColdCache):
+        calls = 0
+
+        def __call__(self):
+            Counting.calls += 1
+            super().__call__()
+    weight = torch.randn(64, 64)
+    evict = Counting(1 << 16)
+    ratio = quant_to_dense_ratio(Int8Weight(weight), weight, 4, repeats=3, evict=evict)
+    assert ratio > 0 and Counting.calls == 6
+    assert evict.buffer is not None and evict.buffer.numel() * 4 == 1 << 16
+    assert ColdCache().nbytes >= 64 << 20  # more than these machines' last-level caches
 
 
 def test_a_measurement_on_a_busy_machine_is_not_saved(tmp_path, monkeypatch):
