@@ -103,6 +103,8 @@ async def metrics(request: web.Request):
                           state.accounting.budgets.total_reserved(),
                           state.dispatcher.is_alive(), state.inflight.open,
                           state.dispatcher.worker_time.total())
+    if state.snapshots is not None and state.snapshots.fleet is not None:
+        state.metrics.fleet.refresh(state.snapshots.fleet())  # the same on every gateway
     return web.Response(body=state.metrics.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -7,6 +7,7 @@ from collections import deque
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from gateway.billing.request_finished import RequestFinished
+from gateway.telemetry.fleet_metrics import FleetMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0)
@@ -142,6 +143,7 @@ class GatewayMetrics:
         self.open_charges = Gauge("inferstack:open_charges",
                                   "Engine requests admitted and not yet settled", label,
                                   registry=r)
+        self.fleet = FleetMetrics(model, r)  # refreshed from the fleet view, with Redis
 
     def observe_settled(self, done: RequestFinished) -> None:
         """Every request, however it ended (a client that left included), counts here once,

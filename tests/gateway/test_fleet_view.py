@@ -1,7 +1,7 @@
 """The fleet view (gateway/serving/fleet_registry.py): two fake-engine gateway processes on
 one real Redis and one real PostgreSQL both appear in /admin/fleet with their workers, and in
-the live feed's snapshot; one that is killed disappears once its TTL runs out; fleet revenue
-from the shared ledger equals what both gateways billed."""
+the live feed's snapshot and on /metrics; one that is killed disappears once its TTL runs out;
+fleet revenue from the shared ledger equals what both gateways billed."""
 from __future__ import annotations
 
 import asyncio
@@ -85,6 +85,19 @@ def test_fleet_revenue_is_the_sum_over_both_gateways(fleet):
         assert totals["requests"] == 12
         assert totals["cost_total"] == pytest.approx(billed, rel=1e-9)
         assert 0.0 <= totals["cache_hit_rate"] <= 1.0
+    # /metrics on either gateway shows the whole fleet, read from the shared state (the
+    # ledger is summed every few seconds, so wait for a reading with all twelve)
+    for gw in fleet:
+        deadline = time.monotonic() + 30
+        while gw.metric("inferstack:fleet_requests") != 12:
+            assert time.monotonic() < deadline, "the fleet totals never reached /metrics"
+            time.sleep(0.5)
+        assert gw.metric("inferstack:fleet_revenue_usd") == pytest.approx(billed, rel=1e-9)
+        assert gw.metric("inferstack:fleet_gateways") == 2
+        assert gw.metric("inferstack:fleet_workers") == 3
+        assert gw.metric("inferstack:fleet_workers_alive") == 3
+        assert 0.0 <= gw.metric("inferstack:fleet_cache_hit_rate") <= 1.0
+        assert gw.metric("inferstack:fleet_tokens") > 0  # hit, miss and output summed
 
 
 def test_the_live_feed_carries_the_fleet(fleet):
