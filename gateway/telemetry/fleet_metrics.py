@@ -24,36 +24,25 @@ def _worker_key(gateway: dict, worker: dict) -> str:
 class FleetMetrics:
     def __init__(self, model: str, registry: CollectorRegistry):
         self.model = model
-        label = ["model_name"]
-        per_gateway = label + ["gateway"]
-        self.gateways = Gauge("inferstack:fleet_gateways", "Live gateways in the fleet",
-                              label, registry=registry)
-        self.queue = Gauge("inferstack:fleet_gateway_queue_length",
-                           "Requests waiting in each gateway's queue", per_gateway,
-                           registry=registry)
-        self.running = Gauge("inferstack:fleet_gateway_running",
-                             "Requests each gateway has running on workers", per_gateway,
-                             registry=registry)
-        self.draining = Gauge("inferstack:fleet_gateway_draining",
-                              "1 while the gateway drains", per_gateway, registry=registry)
-        self.workers = Gauge("inferstack:fleet_workers",
-                             "Distinct workers in the fleet (a shared worker counts once)",
-                             label, registry=registry)
-        self.workers_alive = Gauge("inferstack:fleet_workers_alive",
-                                   "Distinct workers in the fleet that are alive", label,
-                                   registry=registry)
-        self.revenue = Gauge("inferstack:fleet_revenue_usd",
-                             "Dollars billed over the whole ledger", label, registry=registry)
-        self.requests = Gauge("inferstack:fleet_requests", "Requests in the whole ledger",
-                              label, registry=registry)
-        self.tokens = Gauge("inferstack:fleet_tokens", "Billed tokens in the whole ledger",
-                            label + ["kind"], registry=registry)
-        self.hit_rate = Gauge("inferstack:fleet_cache_hit_rate",
-                              "Cache-hit share of billed input tokens, whole ledger", label,
-                              registry=registry)
-        self.age = Gauge("inferstack:fleet_view_age_seconds",
-                         "Seconds since the fleet view was read from Redis", label,
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge("inferstack:fleet_" + name, doc, ["model_name", *labels],
                          registry=registry)
+        self.gateways = gauge("gateways", "Live gateways in the fleet")
+        self.queue = gauge("gateway_queue_length", "Requests waiting in each gateway's queue",
+                           "gateway")
+        self.running = gauge("gateway_running", "Requests each gateway has running on workers",
+                             "gateway")
+        self.draining = gauge("gateway_draining", "1 while the gateway drains", "gateway")
+        self.workers = gauge("workers", "Distinct workers in the fleet (a shared worker counts "
+                                        "once)")
+        self.workers_alive = gauge("workers_alive", "Distinct workers in the fleet that are alive")
+        self.revenue = gauge("revenue_usd", "Dollars billed over the whole ledger")
+        self.requests = gauge("requests", "Requests in the whole ledger")
+        self.tokens = gauge("tokens", "Billed tokens in the whole ledger", "kind")
+        self.hit_rate = gauge("cache_hit_rate",
+                              "Cache-hit share of billed input tokens, whole ledger")
+        self.age = gauge("view_age_seconds", "Seconds since the fleet view was read from Redis")
 
     def refresh(self, view: dict, now: float | None = None) -> None:
         m = self.model
