@@ -45,7 +45,9 @@ class InProcess:
 
     async def outputs(self) -> list[dict]:
         out, self.pending = self.pending, []
-        if not out and self.engine.has_unfinished_requests():
+        # step until something comes out, as the worker does: an overlapped step's outputs
+        # leave with the next one (runtime/overlap.py)
+        while not out and self.engine.has_unfinished_requests():
             out = [output_message(o) for o in self.engine.step()[0]]
         return out
 
