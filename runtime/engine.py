@@ -171,9 +171,10 @@ class LLMEngine(Disaggregation):
 
     def _may_overlap(self) -> bool:
         """Overlap this step unless a request needs its last token on the host to plan it."""
+        if not self.overlap:
+            return False
         speculating = self.spec.enabled
-        return self.overlap and not any(needs_ordered_steps(r, speculating)
-                                        for r in self.requests.values())
+        return not any(needs_ordered_steps(r, speculating) for r in self.requests.values())
 
     def _launch(self, sched: SchedulerOutput) -> list[RequestOutput]:
         """Launch the step over the previous one's placeholders, advance the counters the

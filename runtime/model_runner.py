@@ -169,21 +169,22 @@ class ModelRunner:
                  ) -> tuple[torch.Tensor, step_inputs.HostStep, step_inputs.StepTensors]:
         """Hidden states of the step's tokens and its packed inputs: a graph's replay when
         the step fits a bucket, else an eager forward. Placeholder tokens are filled in
-        from `previous` (the step still in flight) on the device first."""
-        fill = lambda host, ids: self._fill(batch, host, ids, previous)  # noqa: E731
+        from `previous` (the step still in flight) on the device first; a step run in order
+        has none, and nothing scans it for them."""
+        fill = None
+        if previous is not None:
+            def fill(host: step_inputs.HostStep, input_ids: torch.Tensor) -> None:
+                write = placeholder_fill(batch, host.last_index, previous, self.device)
+                if write is not None:
+                    write(input_ids)
         if self.graphs is not None:
             replayed = self.graphs.run(batch, fill)
             if replayed is not None:
                 return replayed
         host, t = self._pack(batch)
-        fill(host, t.input_ids)
+        if fill is not None:
+            fill(host, t.input_ids)
         return self._forward_packed(t, host.layout), host, t
-
-    def _fill(self, batch: Sequence[ScheduledRequest], host: step_inputs.HostStep,
-              input_ids: torch.Tensor, previous: PendingStep | None) -> None:
-        write = placeholder_fill(batch, host.last_index, previous, self.device)
-        if write is not None:
-            write(input_ids)
 
     def _capture_graphs(self) -> DecodeGraphs | None:
         if not self.config.cuda_graphs or DecodeGraphs.supported(self.device) is not None:
@@ -252,7 +253,7 @@ class ModelRunner:
         device; their rows came with the step's inputs, so no copy waits for the forward."""
         plain = [requests[s.request_id] for s in sampling if not s.num_spec]
         if not plain:
-            return PendingStep(partial=StepSample())
+            return PendingStep()
         logits = self.model.compute_logits(hidden.index_select(0, packed.sample_rows))
         rows = [SamplingRow(r.params, self._generator(r), r.prompt_token_ids,
                             r.output_token_ids) for r in plain]
@@ -260,7 +261,7 @@ class ModelRunner:
         mask = TokenMask(masked, torch.cat([masks[plain[i].request_id] for i in masked])
                          ) if masked else None
         return PendingStep(self.sampler.sample(logits, rows, mask),
-                           {r.request_id: i for i, r in enumerate(plain)}, StepSample())
+                           {r.request_id: i for i, r in enumerate(plain)})
 
     def _grammar_masks(self, sampling: Sequence[ScheduledRequest],
                        requests: Mapping[str, Request]) -> dict[str, torch.Tensor]:

@@ -54,11 +54,11 @@ class PendingStep:
 
     sample: DeviceSample | None = None
     rows: dict[str, int] = field(default_factory=dict)
-    partial: StepSample | None = None
+    partial: StepSample = field(default_factory=StepSample)
 
     def result(self) -> StepSample:
         """Wait for the step's tokens and return them as the runner's `run` would."""
-        result = self.partial if self.partial is not None else StepSample()
+        result = self.partial
         if self.sample is None:
             return result
         sampled = self.sample.result()
