@@ -1,10 +1,12 @@
 """The one place that picks an implementation for each op.
 
 The choice is made per call from the device of the op's first tensor: Triton kernels for CUDA
-tensors (when triton imports), the torch references for anything else. Environment variable
-INFERSTACK_KERNELS (read once, at import):
+tensors (when triton imports), the compiled CPU decode ops (kernels/cpu/decode_ops.c, built at
+first use) for float32 CPU tensors on AVX2 + FMA machines, the torch references for anything
+else. Environment variable INFERSTACK_KERNELS (read once, at import):
   ""/unset  the rule above;
-  "ref"     always the references (FORCE_REFERENCE);
+  "ref"     always the references (FORCE_REFERENCE): the same code with the kernels off;
+  "ops"     the compiled CPU ops one by one, never the fused decode layer (NO_FUSED_LAYER);
   "triton"  Triton for CPU tensors too, through its interpreter (slow; for checking the
             runtime's calls against the kernels on a machine without a GPU).
 Callers import the op names from here and never from the files directly. What an attention
@@ -17,6 +19,7 @@ import os
 
 import torch
 
+from kernels import cpu_ops
 from kernels._utils import HAS_TRITON
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from kernels.paged_attention import (
@@ -40,6 +43,7 @@ from kernels.store_kv import store_kv_ref, store_kv_triton
 _MODE = os.environ.get("INFERSTACK_KERNELS", "").lower()
 FORCE_REFERENCE = _MODE == "ref"
 FORCE_TRITON = _MODE == "triton" and HAS_TRITON
+NO_FUSED_LAYER = _MODE == "ops"
 
 
 def use_triton(t: torch.Tensor) -> bool:
@@ -49,11 +53,18 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or FORCE_TRITON
 
 
+def use_cpu_ops(t: torch.Tensor) -> bool:
+    """Whether an op on tensor `t` runs the compiled CPU decode ops."""
+    return not FORCE_REFERENCE and not FORCE_TRITON and cpu_ops.accepts(t)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None):
     """norm(x + residual) * weight, and the new residual x + residual when one is given."""
     if use_triton(x):
         return rms_norm_triton(x, weight, eps, residual)
+    if use_cpu_ops(x) and weight.dtype == torch.float32:
+        return cpu_ops.rms_norm(x, weight, eps, residual)
     return rms_norm_ref(x, weight, eps, residual)
 
 
@@ -62,12 +73,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     reference returns a new tensor: use the result, and do not read x afterwards."""
     if use_triton(x):
         return apply_rotary_triton(x, cos, sin)
+    if use_cpu_ops(x) and x.stride(-1) == 1 and cos.dtype == torch.float32:
+        return cpu_ops.apply_rotary_(x, cos, sin)
     return apply_rotary_ref(x, cos, sin)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         return silu_and_mul_triton(gate_up)
+    if use_cpu_ops(gate_up):
+        return cpu_ops.silu_and_mul(gate_up)
     return silu_and_mul_ref(gate_up)
 
 
@@ -75,17 +90,54 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     if use_triton(key):
         store_kv_triton(key, value, k_cache, v_cache, slot_mapping)
+    elif _cpu_cache_op(key, k_cache, v_cache) and value.stride(-1) == 1:
+        cpu_ops.store_kv(key, value, k_cache, v_cache, slot_mapping)
     else:
         store_kv_ref(key, value, k_cache, v_cache, slot_mapping)
 
 
+def _cpu_cache_op(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the C ops can read x and the caches: float32, unit inner strides, the two
+    caches laid out alike."""
+    return (use_cpu_ops(x) and x.stride(-1) == 1 and k_cache.dtype == torch.float32
+            and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1)
+
+
+def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] times the int8 weight q [N, K] with float32 per-row scales [N] (+ bias):
+    the C GEMM on float32 activations, else torch's kernel on bfloat16 ones."""
+    if use_cpu_ops(x):
+        return cpu_ops.int8_linear(x, q, scale, bias)
+    y = torch._weight_int8pack_mm(x.to(torch.bfloat16), q, scale.to(torch.bfloat16)).to(x.dtype)
+    return y if bias is None else y + bias
+
+
+def int8_kernel(x_dtype: torch.dtype) -> str:
+    """The name of what `int8_matmul` runs for activations of this dtype on the CPU (the
+    crossover table keys its timings by it)."""
+    probe = torch.empty(0, dtype=x_dtype)
+    return "decode_ops" if use_cpu_ops(probe) else "torch"
+
+
+def fused_decoder(layers, dtype: torch.dtype):
+    """The fused CPU decode layer for these decoder layers (kernels/cpu_layer.py), or None
+    where it cannot run them or the mode turns it off; the model asks it step by step."""
+    if FORCE_REFERENCE or FORCE_TRITON or NO_FUSED_LAYER:
+        return None
+    from kernels.cpu_layer import FusedDecoder
+    return FusedDecoder.build(layers, dtype)
+
+
 def decode_slots(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
-                 max_len: int | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                 max_len: int | None = None, dtype: torch.dtype = torch.float32
+                 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """What decode attention reads besides the block tables, built once per step for every
     layer: the reference's [B, L] slots and mask (a gather, then SDPA: the fastest decode on
-    the CPU), or (None, None) where the Triton kernel runs, which reads the tables itself.
+    the CPU), or (None, None) where the Triton kernel or the C op (queries of `dtype`) runs,
+    which read the tables themselves.
     `max_len` is the longest context (the host knows it; without it the reference syncs)."""
-    if use_triton(block_tables):
+    if use_triton(block_tables) or use_cpu_ops(torch.empty(0, dtype=dtype)):
         return None, None
     return context_slots(block_tables, context_lens, block_size, max_len)
 
@@ -107,6 +159,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                                  context_lens, page, scale, out=out)
         return paged_decode_attention_slots_triton(q, k_cache, v_cache, slots, valid, scale,
                                                    out=out)
+    if (block_tables is not None and context_lens is not None
+            and _cpu_cache_op(q, k_cache, v_cache)):
+        return cpu_ops.decode_attention(q, k_cache, v_cache, block_tables, context_lens, page,
+                                        scale, out=out)
     if slots is None:
         slots, valid = context_slots(block_tables, context_lens, page)
     result = paged_decode_attention_ref(q, k_cache, v_cache, slots, valid, scale)
@@ -157,6 +213,6 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
     "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
-    "decode_slots", "prefill_plan",
-    "FORCE_REFERENCE", "FORCE_TRITON", "HAS_TRITON", "use_triton",
+    "decode_slots", "prefill_plan", "int8_matmul", "int8_kernel", "use_cpu_ops", "fused_decoder",
+    "FORCE_REFERENCE", "FORCE_TRITON", "NO_FUSED_LAYER", "HAS_TRITON", "use_triton",
 ]

@@ -60,7 +60,7 @@ class AttentionMetadata:
         slots = valid = None
         if nd:
             slots, valid = kernels.decode_slots(tables, lens, block_size,
-                                                layout.max_decode_context)
+                                                layout.max_decode_context, cos.dtype)
         chunks = layout.num_seqs - nd
         chunk_tables, starts, prefix = t.block_tables[nd:], t.query_start[nd:], t.num_prefix[nd:]
         seqs = kernels.prefill_plan(chunk_tables, block_size, starts, prefix) if chunks else None

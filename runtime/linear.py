@@ -30,8 +30,7 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= self.max_quant_rows:
             assert self.packed is not None
-            y = self.packed.matmul(x)
-            return y if self.bias is None else y + self.bias
+            return self.packed.matmul(x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     @property

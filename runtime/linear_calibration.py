@@ -25,10 +25,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+import kernels
 from runtime.quantization import Int4Weight, Int8Weight
 
 ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-FORMAT_VERSION = 2  # 2: timed with cold caches
+FORMAT_VERSION = 3  # 2: timed with cold caches; 3: keyed by the int8 kernel
 EVICT_BYTES = 64 << 20  # more than any last-level cache of these machines
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,12 @@ def _cpu_name() -> str:
 
 
 def cache_key(kind: str, shape: tuple[int, int]) -> str:
+    """CPU, torch build, threads, format, shape and the kernel that runs it (the compiled
+    decode ops or torch's, kernels.int8_kernel): a change in any of them measures afresh."""
+    kernel = kernels.int8_kernel(torch.float32) if kind == "int8" else "torch"
     return (f"v{FORMAT_VERSION}|{_cpu_name()}|{torch.__version__}|"
             f"{torch.backends.cpu.get_cpu_capability()}|threads={torch.get_num_threads()}|"
-            f"{kind}|{shape[0]}x{shape[1]}")
+            f"{kind}/{kernel}|{shape[0]}x{shape[1]}")
 
 
 class ColdCache:

@@ -112,15 +112,21 @@ class LlamaModel:
             self.lm_head = linear(w["lm_head.weight"])
         self.packed_bytes = linear.packed_bytes
         linear.calibration.save()
+        # decode-only steps run each layer as one C call where the layers fit it (CPU int8)
+        self.fused = kernels.fused_decoder(self.layers, dtype) if self.device.type == "cpu" \
+            else None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids: [T]; returns final hidden states [T, hidden] (before the LM head)."""
         x = F.embedding(input_ids, self.embed)
-        residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x, residual = layer.forward(x, residual, k_cache, v_cache, meta)
+        if self.fused is not None and self.fused.takes(meta, x.shape[0], kv_caches):
+            x, residual = self.fused.forward(x, meta, kv_caches)
+        else:
+            residual = None
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+                x, residual = layer.forward(x, residual, k_cache, v_cache, meta)
         x, _ = kernels.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
         return x
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+import kernels
 from runtime.errors import RuntimeErrorBase
 
 CHOICES = ("auto", "none", "int8", "int4")
@@ -58,18 +59,18 @@ class Int8Weight:
         w = weight.float()
         scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(torch.bfloat16)
         self.q = (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale
+        self.scale = scale.float()  # the bfloat16 values, held as float32 for the C GEMM
         self.shape = tuple(weight.shape)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale).to(x.dtype)
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return kernels.int8_matmul(x, self.q, self.scale, bias)
 
     def dequantized(self) -> torch.Tensor:
-        return self.q.float() * self.scale.float()[:, None]
+        return self.q.float() * self.scale[:, None]
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + self.scale.numel() * 2
+        return self.q.numel() + self.scale.numel() * 4
 
 
 class Int4Weight:
@@ -95,9 +96,10 @@ class Int4Weight:
         self.q = q.to(torch.uint8)  # kept for dequantized(); half a byte more per weight
         self.shape = (n, k)
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP,
-                                                 self.scales_zeros).to(x.dtype)
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP,
+                                              self.scales_zeros).to(x.dtype)
+        return y if bias is None else y + bias
 
     def dequantized(self) -> torch.Tensor:
         n, k = self.shape

@@ -28,13 +28,23 @@ def test_environment_variable_forces_the_reference(monkeypatch):
     assert not kernels.use_triton(CUDA_TENSOR)
 
 
-def test_cpu_calls_return_exactly_the_reference(monkeypatch):
+def test_cpu_calls_take_the_compiled_ops_unless_forced_to_the_reference(monkeypatch):
     monkeypatch.setattr(kernels, "FORCE_TRITON", False)
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", True)
     x = torch.randn(3, 2, 8)
     cos, sin = kernels.rotary_cos_sin(torch.arange(3), 8, 10000.0, torch.float32)
+    expected = apply_rotary_ref(x, cos, sin)
     out = kernels.apply_rotary(x, cos, sin)
     assert out.data_ptr() != x.data_ptr()  # the reference returns a new tensor
-    assert torch.equal(out, apply_rotary_ref(x, cos, sin))
+    assert torch.equal(out, expected)
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
+    if not kernels.cpu_ops.available():
+        pytest.skip(f"no compiled CPU ops here: {kernels.cpu_build.unavailable_reason()}")
+    out = kernels.apply_rotary(x, cos, sin)
+    assert out.data_ptr() == x.data_ptr()  # the C op rotates in place, as Triton's does
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    # a dtype the C ops do not take still goes to the reference
+    assert not kernels.use_cpu_ops(torch.zeros(1, dtype=torch.bfloat16))
 
 
 def test_tiny_model_generates_the_same_tokens_through_the_kernels(device, make_tiny_engine,
@@ -74,11 +84,16 @@ def test_per_step_plans_follow_the_choice(monkeypatch):
     tables, lens = torch.tensor([[3, 1, 0]]), torch.tensor([5])
     starts, prefix = torch.tensor([0, 2]), torch.tensor([3])
     monkeypatch.setattr(kernels, "FORCE_TRITON", False)
-    monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", True)
     slots, valid = kernels.decode_slots(tables, lens, 4, max_len=5)
     assert slots.tolist() == [[12, 13, 14, 15, 4]] and valid.all()
     [(first, end, cached, ctx)] = kernels.prefill_plan(tables, 4, starts, prefix)
     assert (first, end, cached, ctx.tolist()) == (0, 2, 3, [12, 13, 14, 15, 4])
+    monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
+    if kernels.cpu_ops.available():  # the C decode attention reads the tables itself
+        assert kernels.decode_slots(tables, lens, 4, max_len=5) == (None, None)
+        slots, _ = kernels.decode_slots(tables, lens, 4, max_len=5, dtype=torch.bfloat16)
+        assert slots is not None  # bfloat16 queries go to the reference
     if kernels.HAS_TRITON:
         monkeypatch.setattr(kernels, "FORCE_TRITON", True)
         assert kernels.decode_slots(tables, lens, 4, max_len=5) == (None, None)

@@ -1,0 +1,103 @@
+/* One Llama decoder layer for a step of decodes only (one new token per sequence), in one
+ * call and one OpenMP parallel region.
+ *
+ * Why: called op by op from Python, a batch-1 layer paid ten wrapper calls and ten thread
+ * fork/joins (about 30 us each on the 2-core VMs) around 3.5 MB of int8 weights that stream
+ * in about 200 us. Here the phases are work-shared loops of one region, parted by its
+ * barriers, and the weights of each matmul are fetched a row group ahead (decode_ops.c).
+ * The arithmetic is the single ops' own (decode_ops.h), so the fused layer and the op-by-op
+ * path agree to float32 rounding (tests/kernels/test_cpu_decode_layer.py).
+ *
+ * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations, int8
+ * weights with one float32 scale per row, caches [slots, KVH, D] with unit inner stride,
+ * int64 slots, tables and lengths, and B sequences each at the token whose K/V goes to
+ * slots[b] and whose context is then lens[b] long.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "decode_ops.h"
+
+typedef struct {
+    const int8_t *q;
+    const float *scale;
+    const float *bias; /* NULL: none */
+    int64_t n, k;
+} Int8Matrix;
+
+typedef struct {
+    int64_t hidden, heads, kv_heads, head_dim, inter;
+    float eps, attn_scale;
+    const float *input_norm, *post_norm;
+    Int8Matrix qkv, o_proj, gate_up, down;
+} LayerWeights;
+
+typedef struct {
+    const float *cos, *sin; /* [B, head_dim] */
+    float *k_cache, *v_cache;
+    int64_t cache_slot, cache_head; /* strides in floats */
+    const int64_t *slots, *tables, *lens;
+    int64_t table_stride, page;
+} StepCache;
+
+static void matmul_for(const Int8Matrix *m, const float *x, int64_t B, float *y) {
+    int64_t groups = (m->n + 3) / 4;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t n = g * 4;
+        int nr = m->n - n < 4 ? (int)(m->n - n) : 4;
+        int8_row_group(x, B, m->k, m->q, m->k, n, nr, m->scale, m->bias, y, m->n);
+    }
+}
+
+/* x [B, hidden]: the previous layer's output (or the embeddings: first != 0) in, this
+ * layer's output out; residual [B, hidden] carried across layers; scratch holds
+ * B * (qkv + attention + gate_up + act) floats. Returns -1 if attention ran out of memory. */
+int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
+                    const StepCache *c, int64_t B, float *scratch, int threads) {
+    const int64_t H = L->hidden, D = L->head_dim, nq = L->heads * D, nk = L->kv_heads * D;
+    const int64_t G = L->heads / L->kv_heads, nqkv = L->qkv.n;
+    float *qkv = scratch, *attn = qkv + B * nqkv, *gu = attn + B * nq, *act = gu + B * 2 * L->inter;
+    float *h = act + B * L->inter; /* the normed input of each matmul */
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++) {
+            if (first) memcpy(residual + b * H, x + b * H, sizeof(float) * (size_t)H);
+            norm_row(first ? residual + b * H : x + b * H, first ? NULL : residual + b * H,
+                     L->input_norm, h + b * H, residual + b * H, H, L->eps);
+        }
+        matmul_for(&L->qkv, h, B, qkv);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++) {
+            float *row = qkv + b * nqkv;
+            rotate_token(row, L->heads + L->kv_heads, D, D, c->cos + b * D, c->sin + b * D);
+            for (int64_t kh = 0; kh < L->kv_heads; kh++) {
+                int64_t at = c->slots[b] * c->cache_slot + kh * c->cache_head;
+                memcpy(c->k_cache + at, row + nq + kh * D, sizeof(float) * (size_t)D);
+                memcpy(c->v_cache + at, row + nq + nk + kh * D, sizeof(float) * (size_t)D);
+            }
+        }
+#pragma omp for schedule(dynamic)
+        for (int64_t task = 0; task < B * L->kv_heads; task++) {
+            int64_t b = task / L->kv_heads, kh = task % L->kv_heads;
+            failed |= attend_one(qkv + b * nqkv + kh * G * D, D, c->k_cache, c->v_cache,
+                                 c->cache_slot, kh * c->cache_head,
+                                 c->tables + b * c->table_stride, c->lens[b], c->page, G, D,
+                                 L->attn_scale, attn + b * nq + kh * G * D, D);
+        }
+        matmul_for(&L->o_proj, attn, B, x);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            norm_row(x + b * H, residual + b * H, L->post_norm, h + b * H, residual + b * H, H,
+                     L->eps);
+        matmul_for(&L->gate_up, h, B, gu);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < B; b++)
+            silu_row(gu + b * 2 * L->inter, gu + b * 2 * L->inter + L->inter,
+                     act + b * L->inter, L->inter);
+        matmul_for(&L->down, act, B, x);
+    }
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,306 @@
+/* The CPU decode step's hot ops, for float32 activations on AVX2 + FMA machines.
+ *
+ * Why C: a batch-1 decode step on the 2-core VMs spent 21 ms in torch's int8 weight-only
+ * GEMV (about 6.5 GB/s of the 25 GB/s the machine reads) and another 11 ms in small ops that
+ * each cost 20-70 us of dispatch for a few hundred floats (docs/perf.md). These functions do
+ * the same arithmetic in one pass each, parallel over torch's own OpenMP pool (the library
+ * links libgomp.so.1 by soname, so the process's copy, loaded by torch, is the one used).
+ *
+ * Numerics: every reduction is float32 like torch's, in a different order, so results agree
+ * with the references to float32 rounding, not bit for bit (tests/kernels/test_cpu_ops.py).
+ * Layouts follow kernels/__init__.py: a tensor is passed as its data pointer and its strides
+ * in elements; the innermost dimension is always contiguous.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "decode_ops.h"
+#include "simd.h"
+
+/* ---- weight-only int8 matmul: y[t, n] = scale[n] * sum_k w[n, k] x[t, k] + bias[n] ----
+ *
+ * A tile is NR weight rows by TR activation rows; each weight vector is converted once and
+ * multiplied into every activation row of the tile, so the conversion's cost falls as the
+ * step grows. Threads split the weight rows, and each thread walks its rows in groups of four
+ * with every token tile inside: the group's 4 x K bytes stay in L1 while the activations
+ * (T x K floats) stay in L2. Batch 1 splits K into two accumulators per row so four rows keep
+ * eight FMA chains in flight, enough to cover the FMA latency at memory speed. */
+INLINE void tile(const float *x, int64_t ldx, const int8_t *w, int64_t K, int nr, int tr,
+                 int split, float out[4][4]) {
+    __m256 acc[4][4][2];
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < tr; j++)
+            acc[i][j][0] = acc[i][j][1] = _mm256_setzero_ps();
+    int64_t k = 0;
+    if (split) {
+        for (; k + 16 <= K; k += 16)
+            for (int h = 0; h < 2; h++) {
+                __m256 wv[4];
+                for (int i = 0; i < nr; i++) wv[i] = load_i8(w + i * K + k + 8 * h);
+                for (int j = 0; j < tr; j++) {
+                    __m256 xv = _mm256_loadu_ps(x + j * ldx + k + 8 * h);
+                    for (int i = 0; i < nr; i++)
+                        acc[i][j][h] = _mm256_fmadd_ps(wv[i], xv, acc[i][j][h]);
+                }
+            }
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 wv[4];
+        for (int i = 0; i < nr; i++) wv[i] = load_i8(w + i * K + k);
+        for (int j = 0; j < tr; j++) {
+            __m256 xv = _mm256_loadu_ps(x + j * ldx + k);
+            for (int i = 0; i < nr; i++) acc[i][j][0] = _mm256_fmadd_ps(wv[i], xv, acc[i][j][0]);
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < tr; j++) {
+            float s = hsum(_mm256_add_ps(acc[i][j][0], acc[i][j][1]));
+            for (int64_t kk = k; kk < K; kk++) s += (float)w[i * K + kk] * x[j * ldx + kk];
+            out[i][j] = s;
+        }
+}
+
+INLINE void store(float out[4][4], int nr, int tr, int64_t n, int64_t t, const float *scale,
+                  const float *bias, float *y, int64_t ldy) {
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < tr; j++)
+            y[(t + j) * ldy + n + i] = out[i][j] * scale[n + i] + (bias ? bias[n + i] : 0.0f);
+}
+
+/* rows n..n+nr (nr <= 4) against every token: tiles sized so their accumulators fit in the
+ * 16 vector registers */
+void int8_row_group(const float *x, int64_t T, int64_t ldx, const int8_t *w, int64_t K,
+                      int64_t n, int nr, const float *scale, const float *bias, float *y,
+                      int64_t ldy) {
+    const int8_t *wn = w + n * K;
+    /* the next group's rows, fetched while this one computes: with four rows read side by
+     * side the hardware prefetcher alone streamed 9.5 GB/s from memory, this 17-21 */
+    for (int64_t off = 0; off < 4 * K; off += 64)
+        _mm_prefetch((const char *)(wn + 4 * K + off), _MM_HINT_T0);
+    float out[4][4];
+    int64_t t = 0;
+    for (; t + 4 <= T; t += 4)
+        for (int i = 0; i < nr; i += 2) {
+            int r = nr - i < 2 ? 1 : 2;
+            if (r == 2) tile(x + t * ldx, ldx, wn + i * K, K, 2, 4, 0, out);
+            else tile(x + t * ldx, ldx, wn + i * K, K, 1, 4, 1, out);
+            store(out, r, 4, n + i, t, scale, bias, y, ldy);
+        }
+    int rest = (int)(T - t);
+    if (rest == 0) return;
+    if (nr == 4) {
+        if (rest == 1) tile(x + t * ldx, ldx, wn, K, 4, 1, 1, out);
+        else if (rest == 2) tile(x + t * ldx, ldx, wn, K, 4, 2, 0, out);
+        else {
+            tile(x + t * ldx, ldx, wn, K, 2, 3, 0, out);
+            store(out, 2, 3, n, t, scale, bias, y, ldy);
+            tile(x + t * ldx, ldx, wn + 2 * K, K, 2, 3, 0, out);
+            store(out, 2, 3, n + 2, t, scale, bias, y, ldy);
+            return;
+        }
+        store(out, 4, rest, n, t, scale, bias, y, ldy);
+        return;
+    }
+    for (int i = 0; i < nr; i++) {
+        if (rest == 1) tile(x + t * ldx, ldx, wn + i * K, K, 1, 1, 1, out);
+        else if (rest == 2) tile(x + t * ldx, ldx, wn + i * K, K, 1, 2, 1, out);
+        else tile(x + t * ldx, ldx, wn + i * K, K, 1, 3, 1, out);
+        store(out, 1, rest, n + i, t, scale, bias, y, ldy);
+    }
+}
+
+void is_int8_linear(const float *x, int64_t T, int64_t ldx, const int8_t *w,
+                    const float *scale, const float *bias, int64_t N, int64_t K, float *y,
+                    int64_t ldy, int threads) {
+    int64_t groups = (N + 3) / 4;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t n = g * 4;
+        int nr = N - n < 4 ? (int)(N - n) : 4;
+        int8_row_group(x, T, ldx, w, K, n, nr, scale, bias, y, ldy);
+    }
+}
+
+/* ---- RMSNorm, with the residual add fused: v = x + res; res_out = v; out = norm(v) * w ---- */
+void norm_row(const float *x, const float *res, const float *w, float *out,
+                     float *res_out, int64_t D, float eps) {
+    __m256 ss = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+        __m256 v = _mm256_loadu_ps(x + d);
+        if (res) {
+            v = _mm256_add_ps(v, _mm256_loadu_ps(res + d));
+            _mm256_storeu_ps(res_out + d, v);
+        }
+        ss = _mm256_fmadd_ps(v, v, ss);
+    }
+    float s = hsum(ss);
+    for (int64_t e = d; e < D; e++) {
+        float v = x[e] + (res ? res[e] : 0.0f);
+        if (res) res_out[e] = v;
+        s += v * v;
+    }
+    const float *src = res ? res_out : x;
+    float r = 1.0f / sqrtf(s / (float)D + eps);
+    __m256 rv = _mm256_set1_ps(r);
+    for (d = 0; d + 8 <= D; d += 8)
+        _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(src + d), rv),
+                                                _mm256_loadu_ps(w + d)));
+    for (; d < D; d++) out[d] = src[d] * r * w[d];
+}
+
+void is_rms_norm(const float *x, int64_t ldx, const float *res, int64_t ldr, const float *w,
+                 float *out, float *res_out, int64_t T, int64_t D, float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T >= 16)
+    for (int64_t t = 0; t < T; t++)
+        norm_row(x + t * ldx, res ? res + t * ldr : NULL, w, out + t * D,
+                 res_out ? res_out + t * D : NULL, D, eps);
+}
+
+/* ---- SiLU(gate) * up over [T, 2I] -> [T, I] ---- */
+
+void silu_row(const float *g, const float *u, float *o, int64_t I) {
+    int64_t i = 0;
+    for (; i + 8 <= I; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                   exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+void is_silu_and_mul(const float *gu, int64_t ldg, float *out, int64_t T, int64_t I,
+                     int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && T >= 8)
+    for (int64_t t = 0; t < T; t++) silu_row(gu + t * ldg, gu + t * ldg + I, out + t * I, I);
+}
+
+/* ---- rotary, in place: x [T, H, D] with cos, signed sin [T, D] (kernels.rotary_cos_sin) ----
+ * out = x * cos + roll(x, D/2) * sin */
+void rotate_token(float *x, int64_t H, int64_t D, int64_t stride_h, const float *c,
+                  const float *s) {
+    int64_t half = D / 2;
+    for (int64_t h = 0; h < H; h++) {
+        float *p = x + h * stride_h;
+        int64_t j = 0;
+        for (; j + 8 <= half; j += 8) {
+            __m256 x1 = _mm256_loadu_ps(p + j), x2 = _mm256_loadu_ps(p + half + j);
+            _mm256_storeu_ps(p + j, _mm256_fmadd_ps(x2, _mm256_loadu_ps(s + j),
+                                                    _mm256_mul_ps(x1, _mm256_loadu_ps(c + j))));
+            _mm256_storeu_ps(p + half + j,
+                             _mm256_fmadd_ps(x1, _mm256_loadu_ps(s + half + j),
+                                             _mm256_mul_ps(x2, _mm256_loadu_ps(c + half + j))));
+        }
+        for (; j < half; j++) {
+            float x1 = p[j], x2 = p[half + j];
+            p[j] = x1 * c[j] + x2 * s[j];
+            p[half + j] = x2 * c[half + j] + x1 * s[half + j];
+        }
+    }
+}
+
+void is_rotary(float *x, int64_t T, int64_t H, int64_t D, int64_t stride_t, int64_t stride_h,
+               const float *cos, const float *sin) {
+    for (int64_t t = 0; t < T; t++)
+        rotate_token(x + t * stride_t, H, D, stride_h, cos + t * D, sin + t * D);
+}
+
+/* ---- store the step's new K/V rows: cache[slot[t], h, :] = new[t, h, :] ---- */
+void is_store_kv(const float *k, int64_t k_t, int64_t k_h, const float *v, int64_t v_t,
+                 int64_t v_h, float *kc, float *vc, int64_t cache_slot, int64_t cache_head,
+                 const int64_t *slots, int64_t T, int64_t KVH, int64_t D) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < KVH; h++) {
+            const float *ks = k + t * k_t + h * k_h, *vs = v + t * v_t + h * v_h;
+            float *kd = kc + slots[t] * cache_slot + h * cache_head;
+            float *vd = vc + slots[t] * cache_slot + h * cache_head;
+            for (int64_t d = 0; d < D; d++) {
+                kd[d] = ks[d];
+                vd[d] = vs[d];
+            }
+        }
+}
+
+/* ---- decode attention over the paged cache ----
+ * q [B, H, D]; caches [slots, KVH, D]; sequence b's position p lives in slot
+ * tables[b, p / page] * page + p % page. One task per (sequence, KV head) computes its group's
+ * scores, a softmax and the weighted sum of values. */
+/* softmax of s[0..n) in place */
+static void softmax(float *s, int64_t n) {
+    if (n == 0) return;
+    float m = -INFINITY, total = 0.0f;
+    for (int64_t p = 0; p < n; p++) m = s[p] > m ? s[p] : m;
+    __m256 mv = _mm256_set1_ps(m), tv = _mm256_setzero_ps();
+    int64_t p = 0;
+    for (; p + 8 <= n; p += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + p), mv));
+        _mm256_storeu_ps(s + p, e);
+        tv = _mm256_add_ps(tv, e);
+    }
+    total = hsum(tv);
+    for (; p < n; p++) {
+        s[p] = expf(s[p] - m);
+        total += s[p];
+    }
+    float inv = 1.0f / total;
+    for (p = 0; p < n; p++) s[p] *= inv;
+}
+
+int attend_one(const float *q, int64_t q_head, const float *kc, const float *vc,
+                      int64_t cache_slot, int64_t kvh_off, const int64_t *table, int64_t len,
+                      int64_t page, int64_t G, int64_t D, float scale, float *out,
+                      int64_t out_head) {
+    /* one buffer: each position's cache offset, then G rows of scores */
+    void *buf = malloc((sizeof(int64_t) + sizeof(float) * (size_t)G) * (size_t)(len + 1));
+    if (!buf) return -1;
+    int64_t *offs = buf;
+    float *scores = (float *)(offs + len + 1);
+    for (int64_t p0 = 0, blk = 0; p0 < len; p0 += page, blk++) {
+        int64_t base = table[blk] * page, n = len - p0 < page ? len - p0 : page;
+        for (int64_t i = 0; i < n; i++) offs[p0 + i] = (base + i) * cache_slot + kvh_off;
+    }
+    for (int64_t p = 0; p < len; p++) {
+        const float *kp = kc + offs[p];
+        for (int64_t g = 0; g < G; g++) scores[g * len + p] = dot(q + g * q_head, kp, D) * scale;
+    }
+    for (int64_t g = 0; g < G; g++) softmax(scores + g * len, len);
+    for (int64_t g = 0; g < G; g++) {
+        float *o = out + g * out_head;
+        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    }
+    for (int64_t p = 0; p < len; p++) {
+        const float *vp = vc + offs[p];
+        for (int64_t g = 0; g < G; g++) {
+            float *o = out + g * out_head, sp = scores[g * len + p];
+            __m256 wv = _mm256_set1_ps(sp);
+            int64_t d = 0;
+            for (; d + 8 <= D; d += 8)
+                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp + d),
+                                                        _mm256_loadu_ps(o + d)));
+            for (; d < D; d++) o[d] += sp * vp[d];
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const float *kc,
+                        const float *vc, int64_t cache_slot, int64_t cache_head,
+                        const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                        int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
+                        float *out, int64_t out_seq, int64_t out_head, int threads) {
+    int64_t G = H / KVH;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1) \
+    reduction(| : failed)
+    for (int64_t task = 0; task < B * KVH; task++) {
+        int64_t b = task / KVH, kvh = task % KVH;
+        failed |= attend_one(q + b * q_seq + kvh * G * q_head, q_head, kc, vc, cache_slot,
+                             kvh * cache_head, tables + b * table_stride, lens[b], page, G, D,
+                             scale, out + b * out_seq + kvh * G * out_head, out_head);
+    }
+    return failed;
+}

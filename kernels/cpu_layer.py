@@ -1,0 +1,113 @@
+"""The fused CPU decode layer (kernels/cpu/decode_layer.c): what it reads, and when it runs.
+
+A model whose every projection is int8 on the compiled ops gets a `FusedDecoder`. For a step
+of decodes only, float32, no larger than any projection's int8 crossover (runtime/linear.py),
+it runs each layer as one C call instead of ten ops; any other step (prefill or extend
+chunks, a large batch, another dtype) takes the op-by-op path, which computes the same thing.
+The weight pointers are gathered once into C structs; the model keeps the tensors alive.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels import cpu_ops
+from kernels.cpu_build import load
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class Int8Matrix(ctypes.Structure):
+    _fields_ = [("q", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I)]
+
+
+class LayerWeights(ctypes.Structure):
+    _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
+                ("inter", _I), ("eps", _F), ("attn_scale", _F), ("input_norm", _P),
+                ("post_norm", _P), ("qkv", Int8Matrix), ("o_proj", Int8Matrix),
+                ("gate_up", Int8Matrix), ("down", Int8Matrix)]
+
+
+class StepCache(ctypes.Structure):
+    _fields_ = [("cos", _P), ("sin", _P), ("k_cache", _P), ("v_cache", _P),
+                ("cache_slot", _I), ("cache_head", _I), ("slots", _P), ("tables", _P),
+                ("lens", _P), ("table_stride", _I), ("page", _I)]
+
+
+def _matrix(linear) -> Int8Matrix | None:
+    packed = linear.packed
+    if packed is None or getattr(packed, "kind", None) != "int8":
+        return None
+    bias = linear.bias
+    return Int8Matrix(packed.q.data_ptr(), packed.scale.data_ptr(),
+                      None if bias is None else bias.data_ptr(), *packed.shape)
+
+
+class FusedDecoder:
+    def __init__(self, layers, lib: ctypes.CDLL):
+        self._fn = lib.is_decode_layer
+        self._fn.argtypes = [_P, _P, _P, ctypes.c_int, _P, _I, _P, ctypes.c_int]
+        self._fn.restype = ctypes.c_int
+        self.weights = []
+        rows = []
+        for layer in layers:
+            mats = [_matrix(lin) for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+            self.weights.append(LayerWeights(
+                layer.input_norm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
+                layer.down.shape[1], layer.eps, layer.attn.scale, layer.input_norm.data_ptr(),
+                layer.post_norm.data_ptr(), *mats))
+            rows += [lin.max_quant_rows for lin in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                    layer.down)]
+        # above the smallest crossover some projection runs its float copy: op by op then
+        self.max_rows = min(rows)
+        w = self.weights[0]
+        self.floats_per_row = (w.qkv.n + w.heads * w.head_dim + 2 * w.inter + w.inter
+                               + w.hidden)
+
+    @classmethod
+    def build(cls, layers, dtype: torch.dtype) -> FusedDecoder | None:
+        """A decoder for these layers, or None where they do not fit the C layer."""
+        if dtype != torch.float32 or not layers or not cpu_ops.available():
+            return None
+        for layer in layers:
+            lins = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+            if any(_matrix(lin) is None for lin in lins) or layer.o_proj.bias is not None \
+                    or layer.gate_up.bias is not None or layer.down.bias is not None:
+                return None
+            if layer.num_heads % layer.num_kv_heads or layer.input_norm.device.type != "cpu":
+                return None
+        return cls(layers, load())
+
+    def takes(self, meta, num_tokens: int, kv_caches) -> bool:
+        k, v = kv_caches[0]
+        return (meta.num_chunks == 0 and meta.num_decode == num_tokens
+                and 0 < num_tokens <= self.max_rows and meta.cos.dtype == torch.float32
+                and k.dtype == torch.float32 and k.stride() == v.stride()
+                and k.stride(-1) == 1)
+
+    def forward(self, x: torch.Tensor, meta, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, hidden] (the embeddings, overwritten); returns (hidden, residual) as the
+        op-by-op layers leave them, for the final norm."""
+        b = x.shape[0]
+        x = x.contiguous()
+        residual = torch.empty_like(x)
+        scratch = torch.empty(b * self.floats_per_row, dtype=torch.float32)
+        cos = meta.cos.reshape(b, -1).contiguous()
+        sin = meta.sin.reshape(b, -1).contiguous()
+        slots = meta.slot_mapping.contiguous()
+        tables = meta.decode_tables if meta.decode_tables.stride(-1) == 1 \
+            else meta.decode_tables.contiguous()
+        lens = meta.decode_lens.contiguous()
+        k0 = kv_caches[0][0]
+        step = StepCache(cos.data_ptr(), sin.data_ptr(), None, None, k0.stride(0), k0.stride(1),
+                         slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), tables.stride(0),
+                         meta.block_size)
+        threads = torch.get_num_threads()
+        xp, rp, sp, ref = x.data_ptr(), residual.data_ptr(), scratch.data_ptr(), \
+            ctypes.byref(step)
+        for i, (weights, (k_cache, v_cache)) in enumerate(zip(self.weights, kv_caches)):
+            step.k_cache, step.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            if self._fn(ctypes.byref(weights), xp, rp, int(i == 0), ref, b, sp, threads):
+                raise MemoryError("decode attention could not allocate its score buffer")
+        return x, residual

@@ -1,0 +1,132 @@
+"""Tensor-level wrappers of the compiled CPU decode ops (kernels/cpu/decode_ops.c).
+
+Each takes and returns torch tensors with the references' contracts (kernels/__init__.py
+picks between them); the C side reads data pointers and element strides, so a wrapper checks
+dtype, device and the unit inner stride first, and the caller keeps every tensor alive for the
+call. The thread count is torch's own (the thread governor sets it), read per call.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.cpu_build import load
+
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_SIGNATURES = {
+    "is_int8_linear": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
+    "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
+    "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),
+    "is_rotary": ([_P, _I, _I, _I, _I, _I, _P, _P], None),
+    "is_store_kv": ([_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _I], None),
+    "is_decode_attention": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _F,
+                             _P, _I, _I, _C], ctypes.c_int),
+}
+
+
+class _Lib:
+    def __init__(self, lib: ctypes.CDLL):
+        for name, (args, result) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, result
+            setattr(self, name[3:], fn)
+
+
+_lib: _Lib | None = None
+
+
+def available() -> bool:
+    global _lib
+    if _lib is None:
+        raw = load()
+        if raw is not None:
+            _lib = _Lib(raw)
+    return _lib is not None
+
+
+def accepts(t: torch.Tensor) -> bool:
+    """Whether the C ops take this tensor's kind: float32 on the CPU, library built."""
+    return t.dtype == torch.float32 and t.device.type == "cpu" and available()
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A 2-D view with a unit inner stride (a copy only when the input has none)."""
+    t = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def int8_linear(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] float32 times int8 q [N, K] with float32 per-row scale [N] (+ bias [N])."""
+    x = _rows(x)
+    n, k = q.shape
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    _lib.int8_linear(x.data_ptr(), x.shape[0], x.stride(0), q.data_ptr(), scale.data_ptr(),
+                     None if bias is None else bias.data_ptr(), n, k, y.data_ptr(), n,
+                     torch.get_num_threads())
+    return y
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None):
+    x = _rows(x)
+    t, d = x.shape
+    out = torch.empty(t, d, dtype=torch.float32)
+    res_out = None
+    if residual is not None:
+        residual = _rows(residual)
+        res_out = torch.empty(t, d, dtype=torch.float32)
+    _lib.rms_norm(x.data_ptr(), x.stride(0),
+                  None if residual is None else residual.data_ptr(),
+                  0 if residual is None else residual.stride(0), weight.data_ptr(),
+                  out.data_ptr(), None if res_out is None else res_out.data_ptr(), t, d, eps,
+                  torch.get_num_threads())
+    return out if residual is None else (out, res_out)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    x = _rows(gate_up)
+    t, two_i = x.shape
+    out = torch.empty(t, two_i // 2, dtype=torch.float32)
+    _lib.silu_and_mul(x.data_ptr(), x.stride(0), out.data_ptr(), t, two_i // 2,
+                      torch.get_num_threads())
+    return out.view(*gate_up.shape[:-1], two_i // 2)
+
+
+def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x [T, H, D] in place (inner stride 1) with cos, sin [T, 1, D]; returns x."""
+    t, h, d = x.shape
+    cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+    _lib.rotary(x.data_ptr(), t, h, d, x.stride(0), x.stride(1), cos.data_ptr(),
+                sin.data_ptr())
+    return x
+
+
+def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """key, value [T, KVH, D] (inner stride 1) into caches [slots, KVH, D] at slot_mapping."""
+    t, kvh, d = key.shape
+    slot_mapping = slot_mapping.contiguous()
+    _lib.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
+                  value.stride(0), value.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
+                  slot_mapping.data_ptr(), t, kvh, d)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                     scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, D] against caches [slots, KVH, D]; tables [B, W], lens [B] int64."""
+    b, h, d = q.shape
+    if out is None:
+        out = torch.empty(b, h, d, dtype=torch.float32)
+    tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    lens = context_lens.contiguous()
+    failed = _lib.decode_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.stride(0), k_cache.stride(1), tables.data_ptr(), tables.stride(0),
+        lens.data_ptr(), b, h, k_cache.shape[1], d, block_size, scale, out.data_ptr(),
+        out.stride(0), out.stride(1), torch.get_num_threads())
+    if failed:
+        raise MemoryError("decode attention could not allocate its score buffer")
+    return out
