@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from kernels import cpu_ops
+from kernels import cpu_build, cpu_ops
 from kernels._utils import HAS_TRITON
 from kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from kernels.paged_attention import (
@@ -104,10 +104,14 @@ def _cpu_cache_op(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
 
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None,
+                panels: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, K] times the int8 weight q [N, K] with float32 per-row scales [N] (+ bias):
-    the C GEMM on float32 activations, else torch's kernel on bfloat16 ones."""
+    the C GEMM on float32 activations (from `panels`, q's panel layout, for larger steps),
+    else torch's kernel on bfloat16 ones."""
     if use_cpu_ops(x):
+        if panels is not None and x.shape[0] >= cpu_ops.PANEL_MIN_ROWS:
+            return cpu_ops.int8_linear_panels(x, panels, scale, bias)
         return cpu_ops.int8_linear(x, q, scale, bias)
     y = torch._weight_int8pack_mm(x.to(torch.bfloat16), q, scale.to(torch.bfloat16)).to(x.dtype)
     return y if bias is None else y + bias
@@ -117,7 +121,7 @@ def int8_kernel(x_dtype: torch.dtype) -> str:
     """The name of what `int8_matmul` runs for activations of this dtype on the CPU (the
     crossover table keys its timings by it)."""
     probe = torch.empty(0, dtype=x_dtype)
-    return "decode_ops" if use_cpu_ops(probe) else "torch"
+    return f"decode_ops-{cpu_build.source_key()}" if use_cpu_ops(probe) else "torch"
 
 
 def fused_decoder(layers, dtype: torch.dtype):

@@ -51,12 +51,18 @@ def compiler() -> str | None:
     return None
 
 
-def _build(cc: str) -> Path:
-    digest = hashlib.sha256(" ".join((cc,) + FLAGS).encode())
-    for path in sorted(SOURCE_DIR.iterdir()):  # the headers count too
+def source_key(cc: str | None = None) -> str:
+    """A hash of the sources (headers too), the compiler and the flags: names the library,
+    and anything timed with it (runtime/linear_calibration.py)."""
+    digest = hashlib.sha256(" ".join((cc or compiler() or "",) + FLAGS).encode())
+    for path in sorted(SOURCE_DIR.iterdir()):
         if path.suffix in (".c", ".h"):
             digest.update(path.name.encode() + path.read_bytes())
-    key = digest.hexdigest()[:16]
+    return digest.hexdigest()[:16]
+
+
+def _build(cc: str) -> Path:
+    key = source_key(cc)
     target = cache_dir() / f"decode_ops-{key}.so"
     if target.exists():
         return target

@@ -19,7 +19,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class Int8Matrix(ctypes.Structure):
-    _fields_ = [("q", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I)]
+    _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I)]
 
 
 class LayerWeights(ctypes.Structure):
@@ -40,7 +40,7 @@ def _matrix(linear) -> Int8Matrix | None:
     if packed is None or getattr(packed, "kind", None) != "int8":
         return None
     bias = linear.bias
-    return Int8Matrix(packed.q.data_ptr(), packed.scale.data_ptr(),
+    return Int8Matrix(packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr(),
                       None if bias is None else bias.data_ptr(), *packed.shape)
 
 

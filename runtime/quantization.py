@@ -61,16 +61,17 @@ class Int8Weight:
         self.q = (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.float()  # the bfloat16 values, held as float32 for the C GEMM
         self.shape = tuple(weight.shape)
+        self.panels = kernels.cpu_ops.pack_panels(self.q)  # the layout for larger steps
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return kernels.int8_matmul(x, self.q, self.scale, bias)
+        return kernels.int8_matmul(x, self.q, self.scale, bias, self.panels)
 
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scale[:, None]
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + self.scale.numel() * 4
+        return self.q.numel() + self.scale.numel() * 4  # what a step reads: q or its panels
 
 
 class Int4Weight:

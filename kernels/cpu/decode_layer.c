@@ -20,6 +20,7 @@
 
 typedef struct {
     const int8_t *q;
+    const int8_t *panels; /* the same weight in panels (decode_ops.c); NULL: rows only */
     const float *scale;
     const float *bias; /* NULL: none */
     int64_t n, k;
@@ -40,7 +41,21 @@ typedef struct {
     int64_t table_stride, page;
 } StepCache;
 
+/* from this many rows the panel kernel runs: on the 2-core VMs the two tied from 8 to 32 rows
+ * and the panels won by 1.27x at 64 (docs/perf.md); below, the row kernel, which prefetches
+ * and keeps more FMA chains busy for one or two tokens. Python's choice is the same
+ * (kernels.cpu_ops.PANEL_MIN_ROWS). */
+#define PANEL_MIN_ROWS 32
+
 static void matmul_for(const Int8Matrix *m, const float *x, int64_t B, float *y) {
+    if (m->panels && B >= PANEL_MIN_ROWS) {
+        int64_t count = (m->n + 15) / 16;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < count; p++)
+            int8_panel(x, B, m->k, m->panels + p * 16 * m->k, m->k, p * 16, m->n, m->scale,
+                       m->bias, y, m->n);
+        return;
+    }
     int64_t groups = (m->n + 3) / 4;
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; g++) {

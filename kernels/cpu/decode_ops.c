@@ -123,6 +123,99 @@ void is_int8_linear(const float *x, int64_t T, int64_t ldx, const int8_t *w,
     }
 }
 
+/* ---- the same matmul from a panel layout, for steps of several rows ----
+ *
+ * With more than a few rows the dot-product tiles above spend their time converting each
+ * weight again for every token tile and summing vectors horizontally. Here the weight is
+ * packed in panels of 16 output rows stored input-major (panel[k][16]: see
+ * runtime/quantization.py), so a tile of up to 6 tokens by 16 outputs accumulates in 12
+ * vector registers: per input k, one 16-byte load and two conversions feed 12 FMAs, each
+ * token's x[t, k] broadcast from memory, and no horizontal sum at all. */
+#define PANEL 16
+#define PANEL_TOKENS 6
+
+INLINE void panel_tile(const float *x, int64_t ldx, const int8_t *wp, int64_t K, int tr,
+                       float out[PANEL_TOKENS][PANEL]) {
+    __m256 acc[PANEL_TOKENS][2]; /* local, stored once at the end: kept in registers */
+    for (int j = 0; j < tr; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(wp + k * PANEL));
+        __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+        __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)));
+        for (int j = 0; j < tr; j++) {
+            __m256 xb = _mm256_broadcast_ss(x + j * ldx + k);
+            acc[j][0] = _mm256_fmadd_ps(xb, w0, acc[j][0]);
+            acc[j][1] = _mm256_fmadd_ps(xb, w1, acc[j][1]);
+        }
+    }
+    for (int j = 0; j < tr; j++) {
+        _mm256_storeu_ps(out[j], acc[j][0]);
+        _mm256_storeu_ps(out[j] + 8, acc[j][1]);
+    }
+}
+
+/* one token: two inputs per step into four accumulators, so the FMA chains overlap (with
+ * two, each step would wait out the previous FMA's latency: half the memory's speed) */
+INLINE void panel_row(const float *x, const int8_t *wp, int64_t K, float out[PANEL]) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0;
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) {
+        __m256i raw = _mm256_loadu_si256((const __m256i *)(wp + k * PANEL));
+        __m128i lo = _mm256_castsi256_si128(raw), hi = _mm256_extracti128_si256(raw, 1);
+        __m256 xa = _mm256_broadcast_ss(x + k), xb = _mm256_broadcast_ss(x + k + 1);
+        a0 = _mm256_fmadd_ps(xa, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), a0);
+        a1 = _mm256_fmadd_ps(xa, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))),
+                             a1);
+        b0 = _mm256_fmadd_ps(xb, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), b0);
+        b1 = _mm256_fmadd_ps(xb, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))),
+                             b1);
+    }
+    for (; k < K; k++) {
+        __m128i raw = _mm_loadu_si128((const __m128i *)(wp + k * PANEL));
+        __m256 xa = _mm256_broadcast_ss(x + k);
+        a0 = _mm256_fmadd_ps(xa, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), a0);
+        a1 = _mm256_fmadd_ps(xa, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8))),
+                             a1);
+    }
+    _mm256_storeu_ps(out, _mm256_add_ps(a0, b0));
+    _mm256_storeu_ps(out + 8, _mm256_add_ps(a1, b1));
+}
+
+void int8_panel(const float *x, int64_t T, int64_t ldx, const int8_t *wp, int64_t K,
+                int64_t n0, int64_t N, const float *scale, const float *bias, float *y,
+                int64_t ldy) {
+    float out[PANEL_TOKENS][PANEL];
+    int valid = N - n0 < PANEL ? (int)(N - n0) : PANEL;
+    /* balanced tile heights: 8 rows run as 4 + 4, not 6 + a poor 2 */
+    int64_t tiles = (T + PANEL_TOKENS - 1) / PANEL_TOKENS;
+    int64_t height = (T + tiles - 1) / tiles;
+    for (int64_t t = 0; t < T; t += height) {
+        int tr = T - t < height ? (int)(T - t) : (int)height;
+        switch (tr) { /* constant tile heights, so the accumulators stay in registers */
+        case 1: panel_row(x + t * ldx, wp, K, out[0]); break;
+        case 6: panel_tile(x + t * ldx, ldx, wp, K, 6, out); break;
+        case 5: panel_tile(x + t * ldx, ldx, wp, K, 5, out); break;
+        case 4: panel_tile(x + t * ldx, ldx, wp, K, 4, out); break;
+        case 3: panel_tile(x + t * ldx, ldx, wp, K, 3, out); break;
+        case 2: panel_tile(x + t * ldx, ldx, wp, K, 2, out); break;
+        }
+        for (int j = 0; j < tr; j++) {
+            float *dst = y + (t + j) * ldy + n0;
+            for (int i = 0; i < valid; i++)
+                dst[i] = out[j][i] * scale[n0 + i] + (bias ? bias[n0 + i] : 0.0f);
+        }
+    }
+}
+
+void is_int8_linear_panels(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
+                           const float *scale, const float *bias, int64_t N, int64_t K,
+                           float *y, int64_t ldy, int threads) {
+    int64_t count = (N + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t p = 0; p < count; p++)
+        int8_panel(x, T, ldx, panels + p * PANEL * K, K, p * PANEL, N, scale, bias, y, ldy);
+}
+
 /* ---- RMSNorm, with the residual add fused: v = x + res; res_out = v; out = norm(v) * w ---- */
 void norm_row(const float *x, const float *res, const float *w, float *out,
                      float *res_out, int64_t D, float eps) {
@@ -249,10 +342,56 @@ static void softmax(float *s, int64_t n) {
     for (p = 0; p < n; p++) s[p] *= inv;
 }
 
+/* scores[p] = scale * q . k_p for n <= 4 positions: four dot products side by side, so their
+ * FMA chains overlap instead of each waiting out the last one's latency */
+INLINE void scores4(const float *q, const float *kc, const int64_t *offs, int n, int64_t D,
+                    float scale, float *scores) {
+    __m256 acc[4];
+    for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+        __m256 qv = _mm256_loadu_ps(q + d);
+        for (int i = 0; i < n; i++)
+            acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kc + offs[i] + d), acc[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        float s = hsum(acc[i]);
+        for (int64_t e = d; e < D; e++) s += q[e] * kc[offs[i] + e];
+        scores[i] = s * scale;
+    }
+}
+
+/* out[0..D) = sum_p w[p] * v_p, eight vectors of the output held in registers at a time */
+static void weighted_values(const float *w, const float *vc, const int64_t *offs, int64_t len,
+                            int64_t D, float *out) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {
+        __m256 acc[8];
+        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
+        for (int64_t p = 0; p < len; p++) {
+            __m256 wv = _mm256_set1_ps(w[p]);
+            const float *vp = vc + offs[p] + d0;
+            for (int c = 0; c < 8; c++)
+                acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp + 8 * c), acc[c]);
+        }
+        for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+    }
+    for (; d0 + 8 <= D; d0 += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t p = 0; p < len; p++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(w[p]), _mm256_loadu_ps(vc + offs[p] + d0), acc);
+        _mm256_storeu_ps(out + d0, acc);
+    }
+    for (; d0 < D; d0++) {
+        float s = 0.0f;
+        for (int64_t p = 0; p < len; p++) s += w[p] * vc[offs[p] + d0];
+        out[d0] = s;
+    }
+}
+
 int attend_one(const float *q, int64_t q_head, const float *kc, const float *vc,
-                      int64_t cache_slot, int64_t kvh_off, const int64_t *table, int64_t len,
-                      int64_t page, int64_t G, int64_t D, float scale, float *out,
-                      int64_t out_head) {
+               int64_t cache_slot, int64_t kvh_off, const int64_t *table, int64_t len,
+               int64_t page, int64_t G, int64_t D, float scale, float *out, int64_t out_head) {
     /* one buffer: each position's cache offset, then G rows of scores */
     void *buf = malloc((sizeof(int64_t) + sizeof(float) * (size_t)G) * (size_t)(len + 1));
     if (!buf) return -1;
@@ -262,26 +401,17 @@ int attend_one(const float *q, int64_t q_head, const float *kc, const float *vc,
         int64_t base = table[blk] * page, n = len - p0 < page ? len - p0 : page;
         for (int64_t i = 0; i < n; i++) offs[p0 + i] = (base + i) * cache_slot + kvh_off;
     }
-    for (int64_t p = 0; p < len; p++) {
-        const float *kp = kc + offs[p];
-        for (int64_t g = 0; g < G; g++) scores[g * len + p] = dot(q + g * q_head, kp, D) * scale;
+    /* keys in blocks of 32 positions (8 KB at D = 64: they stay in L1 for every head) */
+    for (int64_t p0 = 0; p0 < len; p0 += 32) {
+        int64_t end = p0 + 32 < len ? p0 + 32 : len;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t p = p0; p < end; p += 4)
+                scores4(q + g * q_head, kc, offs + p, end - p < 4 ? (int)(end - p) : 4, D,
+                        scale, scores + g * len + p);
     }
-    for (int64_t g = 0; g < G; g++) softmax(scores + g * len, len);
     for (int64_t g = 0; g < G; g++) {
-        float *o = out + g * out_head;
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-    }
-    for (int64_t p = 0; p < len; p++) {
-        const float *vp = vc + offs[p];
-        for (int64_t g = 0; g < G; g++) {
-            float *o = out + g * out_head, sp = scores[g * len + p];
-            __m256 wv = _mm256_set1_ps(sp);
-            int64_t d = 0;
-            for (; d + 8 <= D; d += 8)
-                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(wv, _mm256_loadu_ps(vp + d),
-                                                        _mm256_loadu_ps(o + d)));
-            for (; d < D; d++) o[d] += sp * vp[d];
-        }
+        softmax(scores + g * len, len);
+        weighted_values(scores + g * len, vc, offs, len, D, out + g * out_head);
     }
     free(buf);
     return 0;

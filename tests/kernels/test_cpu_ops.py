@@ -36,6 +36,23 @@ def test_int8_linear_equals_the_float_matmul_of_its_dequantized_weight(rows, n, 
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 7, 8, 13, 32, 33, 64])
+@pytest.mark.parametrize("n,k", [(6, 20), (40, 33), (576, 576)], ids=str)
+def test_int8_linear_from_panels_equals_the_row_kernel(rows, n, k):
+    """The panel layout (16 rows input-major, the last panel zero-padded) gives the same
+    products as the row kernel, with a bias, for any row count (balanced tile heights)."""
+    g = gen(rows * 7 + n)
+    packed = Int8Weight(torch.randn(n, k, generator=g))
+    assert packed.panels.shape == ((n + 15) // 16, k, 16)
+    bias = torch.randn(n, generator=g)
+    x = torch.randn(rows, k, generator=g)
+    got = cpu_ops.int8_linear_panels(x, packed.panels, packed.scale, bias)
+    torch.testing.assert_close(got, F.linear(x, packed.dequantized(), bias), rtol=1e-5,
+                               atol=1e-4)
+    torch.testing.assert_close(got, cpu_ops.int8_linear(x, packed.q, packed.scale, bias),
+                               rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("shape", [(1, 576), (17, 100), (3, 5)], ids=str)
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
 def test_rms_norm_matches_the_reference(shape, with_residual):

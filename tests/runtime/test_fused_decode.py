@@ -74,6 +74,27 @@ def test_fused_steps_give_the_op_by_op_tokens_and_logprobs(make_tiny_engine, mon
             assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
+def test_a_batch_large_enough_for_the_panel_kernel_gives_the_same_tokens(make_tiny_engine,
+                                                                        monkeypatch):
+    """34 decodes at once: every projection of the fused layer runs from its panels
+    (cpu_ops.PANEL_MIN_ROWS), and the tokens are the op-by-op engine's."""
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    many = dict(quant_max_rows=64, max_num_seqs=40, num_blocks=256, max_num_batched_tokens=512)
+    plain = engine(make_tiny_engine, monkeypatch, fused=False, **many)
+    prompts = [plain.tokenizer.encode(f"{PROMPTS[i % len(PROMPTS)]} {i}") for i in range(34)]
+    expected = plain.generate(prompts, params)
+    eng = engine(make_tiny_engine, monkeypatch, fused=True, **many)
+    sizes = []
+    real = eng.runner.model.fused.forward
+
+    def spy(x, meta, kv_caches):
+        sizes.append(x.shape[0])
+        return real(x, meta, kv_caches)
+    monkeypatch.setattr(eng.runner.model.fused, "forward", spy)
+    assert eng.generate(prompts, params) == expected
+    assert max(sizes) == 34 >= cpu_ops.PANEL_MIN_ROWS
+
+
 def test_steps_larger_than_the_int8_crossover_run_op_by_op(make_tiny_engine, monkeypatch):
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     plain = engine(make_tiny_engine, monkeypatch, fused=False, quant_max_rows=2)
