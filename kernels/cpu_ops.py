@@ -8,6 +8,7 @@ call. The thread count is torch's own (the thread governor sets it), read per ca
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import torch
 
@@ -34,7 +35,7 @@ class _Lib:
             setattr(self, name[3:], fn)
 
 
-_lib: _Lib | None = None
+_lib: Any = None  # a _Lib once available() built it; every wrapper runs after that check
 
 
 def available() -> bool:
@@ -135,8 +136,8 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     t, kvh, d = key.shape
     slot_mapping = slot_mapping.contiguous()
     _lib.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
-                  value.stride(0), value.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
-                  slot_mapping.data_ptr(), t, kvh, d)
+                  value.stride(0), value.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+                  k_cache.stride(0), k_cache.stride(1), slot_mapping.data_ptr(), t, kvh, d)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
