@@ -50,6 +50,18 @@ def run(eng, prompts, params) -> dict[str, tuple[list[int], list]]:
     return got
 
 
+def fused_batch_sizes(eng, monkeypatch) -> list[int]:
+    """The row count of every step the engine's fused decoder runs from now on."""
+    sizes: list[int] = []
+    real = eng.runner.model.fused.forward
+
+    def spy(x, meta, kv_caches):
+        sizes.append(x.shape[0])
+        return real(x, meta, kv_caches)
+    monkeypatch.setattr(eng.runner.model.fused, "forward", spy)
+    return sizes
+
+
 def test_fused_steps_give_the_op_by_op_tokens_and_logprobs(make_tiny_engine, monkeypatch):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2)
     plain = engine(make_tiny_engine, monkeypatch, fused=False)
@@ -84,13 +96,7 @@ def test_a_batch_large_enough_for_the_panel_kernel_gives_the_same_tokens(make_ti
     prompts = [plain.tokenizer.encode(f"{PROMPTS[i % len(PROMPTS)]} {i}") for i in range(34)]
     expected = plain.generate(prompts, params)
     eng = engine(make_tiny_engine, monkeypatch, fused=True, **many)
-    sizes = []
-    real = eng.runner.model.fused.forward
-
-    def spy(x, meta, kv_caches):
-        sizes.append(x.shape[0])
-        return real(x, meta, kv_caches)
-    monkeypatch.setattr(eng.runner.model.fused, "forward", spy)
+    sizes = fused_batch_sizes(eng, monkeypatch)
     assert eng.generate(prompts, params) == expected
     assert max(sizes) == 34 >= cpu_ops.PANEL_MIN_ROWS
 
@@ -101,13 +107,7 @@ def test_steps_larger_than_the_int8_crossover_run_op_by_op(make_tiny_engine, mon
     prompts = [plain.tokenizer.encode(t) for t in PROMPTS]
     expected = plain.generate(prompts, params)
     eng = engine(make_tiny_engine, monkeypatch, fused=True, quant_max_rows=2)
-    sizes = []
-    real = eng.runner.model.fused.forward
-
-    def spy(x, meta, kv_caches):
-        sizes.append(x.shape[0])
-        return real(x, meta, kv_caches)
-    monkeypatch.setattr(eng.runner.model.fused, "forward", spy)
+    sizes = fused_batch_sizes(eng, monkeypatch)
     assert eng.generate(prompts, params) == expected
     assert sizes and max(sizes) <= 2
 
