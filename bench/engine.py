@@ -291,18 +291,21 @@ def main(argv=None) -> int:
                             "vs transformers", "of linear bound", "of step bound"], rows)
 
     info = common.machine_info()
+    # what a small step reads: the packed weights of a quantized model, else the float ones
+    served = prof.meta.get("packed_bytes") or prof.weight_bytes
     lines = [f"Machine: {info['cpu']}, {threads} threads, torch {torch.__version__}; "
              f"1-min load average {fmt(load0)} at start, {fmt(info['load_avg_1min'])} at end "
              f"(includes this run)",
              f"  copy bandwidth:   {bw:.1f} GB/s copied = {2 * bw:.1f} GB/s of memory traffic "
              f"(read + write); read bandwidth (sum) {read_bw:.1f} GB/s",
              f"  float32 matmul:   {gflops:.1f} GFLOP/s",
-             f"  linear layers alone (weights {prof.weight_bytes / 1e6:.0f} MB):"]
+             f"  linear layers alone (weights {prof.weight_bytes / 1e6:.0f} MB in float32, "
+             f"{served / 1e6:.0f} MB as a small step reads them):"]
     for b in (1, 32, 64):
         t = prof.full(b)
         lines.append(f"    batch {b:>3}: {1e3 * t:7.1f} ms/step = {b / t:6.1f} tok/s ceiling "
                      f"({(prof.flops_per_token + prof.lm_head_flops_per_row) * b / t / 1e9:.1f}"
-                     f" GFLOP/s, {prof.weight_bytes / t / 1e9:.1f} GB/s of weights)")
+                     f" GFLOP/s, {served / t / 1e9:.1f} GB/s of weights as served)")
     lines.append(f"    prefill per token (large batch): {1e3 * prof.prefill_per_token():.2f} ms; "
                  f"measured before and after the scenarios, faster kept (max spread "
                  f"{100 * (prof.meta['max_spread'] - 1):.0f}%: large = noisy machine)")
@@ -311,8 +314,8 @@ def main(argv=None) -> int:
         s = summary["single"]["ours"]
         lines.append(f"  ours at one request: {s['tok_s']:.1f} tok/s decode = "
                      f"{100 * s['fraction_of_bound']:.0f}% of the batch-1 linear bound; "
-                     f"weights read at {s['tok_s'] * prof.weight_bytes / 1e9:.1f} GB/s = "
-                     f"{100 * s['tok_s'] * prof.weight_bytes / 1e9 / read_bw:.0f}% of the read "
+                     f"weights read at {s['tok_s'] * served / 1e9:.1f} GB/s = "
+                     f"{100 * s['tok_s'] * served / 1e9 / read_bw:.0f}% of the read "
                      f"bandwidth")
     for name in summary:
         if name != "single" and "ours" in summary[name]:
