@@ -53,9 +53,14 @@ def use_triton(t: torch.Tensor) -> bool:
     return t.is_cuda or FORCE_TRITON
 
 
+def cpu_ops_take(dtype: torch.dtype) -> bool:
+    """Whether CPU tensors of this dtype run the compiled CPU decode ops."""
+    return not FORCE_REFERENCE and not FORCE_TRITON and cpu_ops.accepts(dtype)
+
+
 def use_cpu_ops(t: torch.Tensor) -> bool:
     """Whether an op on tensor `t` runs the compiled CPU decode ops."""
-    return not FORCE_REFERENCE and not FORCE_TRITON and cpu_ops.accepts(t)
+    return t.device.type == "cpu" and cpu_ops_take(t.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -120,8 +125,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
 def int8_kernel(x_dtype: torch.dtype) -> str:
     """The name of what `int8_matmul` runs for activations of this dtype on the CPU (the
     crossover table keys its timings by it)."""
-    probe = torch.empty(0, dtype=x_dtype)
-    return f"decode_ops-{cpu_build.source_key()}" if use_cpu_ops(probe) else "torch"
+    return f"decode_ops-{cpu_build.source_key()}" if cpu_ops_take(x_dtype) else "torch"
 
 
 def fused_decoder(layers, dtype: torch.dtype):
@@ -141,7 +145,7 @@ def decode_slots(block_tables: torch.Tensor, context_lens: torch.Tensor, block_s
     the CPU), or (None, None) where the Triton kernel or the C op (queries of `dtype`) runs,
     which read the tables themselves.
     `max_len` is the longest context (the host knows it; without it the reference syncs)."""
-    if use_triton(block_tables) or use_cpu_ops(torch.empty(0, dtype=dtype)):
+    if use_triton(block_tables) or cpu_ops_take(dtype):
         return None, None
     return context_slots(block_tables, context_lens, block_size, max_len)
 

@@ -10,6 +10,7 @@ kernels fall back to the torch references (the choice is logged once).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -53,9 +54,14 @@ def compiler() -> str | None:
 
 def source_key(cc: str | None = None) -> str:
     """A hash of the sources (headers too), the compiler and the flags: names the library,
-    and anything timed with it (runtime/linear_calibration.py)."""
-    digest = hashlib.sha256(" ".join((cc or compiler() or "",) + FLAGS).encode())
-    for path in sorted(SOURCE_DIR.iterdir()):
+    and anything timed with it (runtime/linear_calibration.py, once per weight shape)."""
+    return _source_key(cc or compiler() or "", SOURCE_DIR)
+
+
+@functools.cache
+def _source_key(cc: str, source_dir: Path) -> str:
+    digest = hashlib.sha256(" ".join((cc,) + FLAGS).encode())
+    for path in sorted(source_dir.iterdir()):
         if path.suffix in (".c", ".h"):
             digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:16]

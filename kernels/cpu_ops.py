@@ -47,9 +47,9 @@ def available() -> bool:
     return _lib is not None
 
 
-def accepts(t: torch.Tensor) -> bool:
-    """Whether the C ops take this tensor's kind: float32 on the CPU, library built."""
-    return t.dtype == torch.float32 and t.device.type == "cpu" and available()
+def accepts(dtype: torch.dtype) -> bool:
+    """Whether the C ops take CPU tensors of this dtype: float32, library built."""
+    return dtype == torch.float32 and available()
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

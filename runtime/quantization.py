@@ -61,7 +61,9 @@ class Int8Weight:
         self.q = (w / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
         self.scale = scale.float()  # the bfloat16 values, held as float32 for the C GEMM
         self.shape = tuple(weight.shape)
-        self.panels = kernels.cpu_ops.pack_panels(self.q)  # the layout for larger steps
+        # the C kernels' layout for larger steps; without them nothing reads it
+        self.panels = kernels.cpu_ops.pack_panels(self.q) if kernels.cpu_ops.available() \
+            else None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return kernels.int8_matmul(x, self.q, self.scale, bias, self.panels)

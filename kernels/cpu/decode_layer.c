@@ -48,21 +48,10 @@ typedef struct {
 #define PANEL_MIN_ROWS 32
 
 static void matmul_for(const Int8Matrix *m, const float *x, int64_t B, float *y) {
-    if (m->panels && B >= PANEL_MIN_ROWS) {
-        int64_t count = (m->n + 15) / 16;
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < count; p++)
-            int8_panel(x, B, m->k, m->panels + p * 16 * m->k, m->k, p * 16, m->n, m->scale,
-                       m->bias, y, m->n);
-        return;
-    }
-    int64_t groups = (m->n + 3) / 4;
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; g++) {
-        int64_t n = g * 4;
-        int nr = m->n - n < 4 ? (int)(m->n - n) : 4;
-        int8_row_group(x, B, m->k, m->q, m->k, n, nr, m->scale, m->bias, y, m->n);
-    }
+    if (m->panels && B >= PANEL_MIN_ROWS)
+        int8_panels_for(x, B, m->k, m->panels, m->scale, m->bias, m->n, m->k, y, m->n);
+    else
+        int8_rows_for(x, B, m->k, m->q, m->scale, m->bias, m->n, m->k, y, m->n);
 }
 
 /* x [B, hidden]: the previous layer's output (or the embeddings: first != 0) in, this

@@ -71,9 +71,9 @@ INLINE void store(float out[4][4], int nr, int tr, int64_t n, int64_t t, const f
 
 /* rows n..n+nr (nr <= 4) against every token: tiles sized so their accumulators fit in the
  * 16 vector registers */
-void int8_row_group(const float *x, int64_t T, int64_t ldx, const int8_t *w, int64_t K,
-                      int64_t n, int nr, const float *scale, const float *bias, float *y,
-                      int64_t ldy) {
+static void int8_row_group(const float *x, int64_t T, int64_t ldx, const int8_t *w,
+                           int64_t K, int64_t n, int nr, const float *scale,
+                           const float *bias, float *y, int64_t ldy) {
     const int8_t *wn = w + n * K;
     /* the next group's rows, fetched while this one computes: with four rows read side by
      * side the hardware prefetcher alone streamed 9.5 GB/s from memory, this 17-21 */
@@ -111,16 +111,24 @@ void int8_row_group(const float *x, int64_t T, int64_t ldx, const int8_t *w, int
     }
 }
 
-void is_int8_linear(const float *x, int64_t T, int64_t ldx, const int8_t *w,
-                    const float *scale, const float *bias, int64_t N, int64_t K, float *y,
-                    int64_t ldy, int threads) {
+/* the whole matmul, its row groups shared out among the threads of the enclosing parallel
+ * region (called from inside one) */
+void int8_rows_for(const float *x, int64_t T, int64_t ldx, const int8_t *w, const float *scale,
+                   const float *bias, int64_t N, int64_t K, float *y, int64_t ldy) {
     int64_t groups = (N + 3) / 4;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+#pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         int64_t n = g * 4;
         int nr = N - n < 4 ? (int)(N - n) : 4;
         int8_row_group(x, T, ldx, w, K, n, nr, scale, bias, y, ldy);
     }
+}
+
+void is_int8_linear(const float *x, int64_t T, int64_t ldx, const int8_t *w,
+                    const float *scale, const float *bias, int64_t N, int64_t K, float *y,
+                    int64_t ldy, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    int8_rows_for(x, T, ldx, w, scale, bias, N, K, y, ldy);
 }
 
 /* ---- the same matmul from a panel layout, for steps of several rows ----
@@ -134,14 +142,23 @@ void is_int8_linear(const float *x, int64_t T, int64_t ldx, const int8_t *w,
 #define PANEL 16
 #define PANEL_TOKENS 6
 
-INLINE void panel_tile(const float *x, int64_t ldx, const int8_t *wp, int64_t K, int tr,
-                       float out[PANEL_TOKENS][PANEL]) {
-    __m256 acc[PANEL_TOKENS][2]; /* local, stored once at the end: kept in registers */
+/* a tile of tr tokens by 16 outputs from an int8 panel (wp) or from its float32 conversion
+ * (wf, [K][16]: then per input two loads and 12 FMAs, nothing else on the FMA pipes); the
+ * accumulators are local and stored once at the end, so they stay in registers */
+INLINE void panel_tile(const float *x, int64_t ldx, const int8_t *wp, const float *wf,
+                       int64_t K, int tr, float out[PANEL_TOKENS][PANEL]) {
+    __m256 acc[PANEL_TOKENS][2];
     for (int j = 0; j < tr; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        __m128i raw = _mm_loadu_si128((const __m128i *)(wp + k * PANEL));
-        __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-        __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)));
+        __m256 w0, w1;
+        if (wf) {
+            w0 = _mm256_loadu_ps(wf + k * PANEL);
+            w1 = _mm256_loadu_ps(wf + k * PANEL + 8);
+        } else {
+            __m128i raw = _mm_loadu_si128((const __m128i *)(wp + k * PANEL));
+            w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+            w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(raw, 8)));
+        }
         for (int j = 0; j < tr; j++) {
             __m256 xb = _mm256_broadcast_ss(x + j * ldx + k);
             acc[j][0] = _mm256_fmadd_ps(xb, w0, acc[j][0]);
@@ -154,25 +171,9 @@ INLINE void panel_tile(const float *x, int64_t ldx, const int8_t *wp, int64_t K,
     }
 }
 
-/* the same tile from the panel converted to float32 once (`wf`, [K][16]): per input two
- * loads and 12 FMAs, nothing else on the FMA pipes, for steps of many token tiles */
-INLINE void panel_tile_f32(const float *x, int64_t ldx, const float *wf, int64_t K, int tr,
-                           float out[PANEL_TOKENS][PANEL]) {
-    __m256 acc[PANEL_TOKENS][2];
-    for (int j = 0; j < tr; j++) acc[j][0] = acc[j][1] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        __m256 w0 = _mm256_loadu_ps(wf + k * PANEL), w1 = _mm256_loadu_ps(wf + k * PANEL + 8);
-        for (int j = 0; j < tr; j++) {
-            __m256 xb = _mm256_broadcast_ss(x + j * ldx + k);
-            acc[j][0] = _mm256_fmadd_ps(xb, w0, acc[j][0]);
-            acc[j][1] = _mm256_fmadd_ps(xb, w1, acc[j][1]);
-        }
-    }
-    for (int j = 0; j < tr; j++) {
-        _mm256_storeu_ps(out[j], acc[j][0]);
-        _mm256_storeu_ps(out[j] + 8, acc[j][1]);
-    }
-}
+/* the tile with its height and weight kind made constants, one specialization each */
+#define PANEL_TILE(xt, ldx, wp, wf, K, tr, out)                                                \
+    (wf ? panel_tile(xt, ldx, NULL, wf, K, tr, out) : panel_tile(xt, ldx, wp, NULL, K, tr, out))
 
 /* one token: two inputs per step into four accumulators, so the FMA chains overlap (with
  * two, each step would wait out the previous FMA's latency: half the memory's speed) */
@@ -206,9 +207,9 @@ INLINE void panel_row(const float *x, const int8_t *wp, int64_t K, float out[PAN
  * (measured 1.05-1.36x at 32-64 rows, not faster at 16) */
 #define PANEL_F32_TILES 5
 
-void int8_panel(const float *x, int64_t T, int64_t ldx, const int8_t *wp, int64_t K,
-                int64_t n0, int64_t N, const float *scale, const float *bias, float *y,
-                int64_t ldy) {
+static void int8_panel(const float *x, int64_t T, int64_t ldx, const int8_t *wp, int64_t K,
+                       int64_t n0, int64_t N, const float *scale, const float *bias, float *y,
+                       int64_t ldy) {
     float out[PANEL_TOKENS][PANEL];
     int valid = N - n0 < PANEL ? (int)(N - n0) : PANEL;
     /* balanced tile heights: 8 rows run as 4 + 4, not 6 + a poor 2 */
@@ -221,24 +222,15 @@ void int8_panel(const float *x, int64_t T, int64_t ldx, const int8_t *wp, int64_
     for (int64_t t = 0; t < T; t += height) {
         int tr = T - t < height ? (int)(T - t) : (int)height;
         const float *xt = x + t * ldx;
-        if (wf) {
-            switch (tr) { /* constant tile heights, so the accumulators stay in registers */
-            case 6: panel_tile_f32(xt, ldx, wf, K, 6, out); break;
-            case 5: panel_tile_f32(xt, ldx, wf, K, 5, out); break;
-            case 4: panel_tile_f32(xt, ldx, wf, K, 4, out); break;
-            case 3: panel_tile_f32(xt, ldx, wf, K, 3, out); break;
-            case 2: panel_tile_f32(xt, ldx, wf, K, 2, out); break;
-            default: panel_tile_f32(xt, ldx, wf, K, 1, out); break;
-            }
-        } else {
-            switch (tr) {
-            case 1: panel_row(xt, wp, K, out[0]); break;
-            case 6: panel_tile(xt, ldx, wp, K, 6, out); break;
-            case 5: panel_tile(xt, ldx, wp, K, 5, out); break;
-            case 4: panel_tile(xt, ldx, wp, K, 4, out); break;
-            case 3: panel_tile(xt, ldx, wp, K, 3, out); break;
-            case 2: panel_tile(xt, ldx, wp, K, 2, out); break;
-            }
+        switch (tr) { /* constant tile heights, so the accumulators stay in registers */
+        case 6: PANEL_TILE(xt, ldx, wp, wf, K, 6, out); break;
+        case 5: PANEL_TILE(xt, ldx, wp, wf, K, 5, out); break;
+        case 4: PANEL_TILE(xt, ldx, wp, wf, K, 4, out); break;
+        case 3: PANEL_TILE(xt, ldx, wp, wf, K, 3, out); break;
+        case 2: PANEL_TILE(xt, ldx, wp, wf, K, 2, out); break;
+        default:
+            if (wf) panel_tile(xt, ldx, NULL, wf, K, 1, out);
+            else panel_row(xt, wp, K, out[0]);
         }
         for (int j = 0; j < tr; j++) {
             float *dst = y + (t + j) * ldy + n0;
@@ -249,13 +241,21 @@ void int8_panel(const float *x, int64_t T, int64_t ldx, const int8_t *wp, int64_
     free(wf);
 }
 
+/* the whole matmul from panels, shared out like int8_rows_for */
+void int8_panels_for(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
+                     const float *scale, const float *bias, int64_t N, int64_t K, float *y,
+                     int64_t ldy) {
+    int64_t count = (N + PANEL - 1) / PANEL;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < count; p++)
+        int8_panel(x, T, ldx, panels + p * PANEL * K, K, p * PANEL, N, scale, bias, y, ldy);
+}
+
 void is_int8_linear_panels(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
                            const float *scale, const float *bias, int64_t N, int64_t K,
                            float *y, int64_t ldy, int threads) {
-    int64_t count = (N + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t p = 0; p < count; p++)
-        int8_panel(x, T, ldx, panels + p * PANEL * K, K, p * PANEL, N, scale, bias, y, ldy);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    int8_panels_for(x, T, ldx, panels, scale, bias, N, K, y, ldy);
 }
 
 /* ---- RMSNorm, with the residual add fused: v = x + res; res_out = v; out = norm(v) * w ---- */

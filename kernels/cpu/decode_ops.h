@@ -3,14 +3,13 @@
 #define INFERSTACK_DECODE_OPS_H
 #include <stdint.h>
 
-/* weight rows n..n+nr (nr <= 4) of an int8 matmul against T activation rows */
-void int8_row_group(const float *x, int64_t T, int64_t ldx, const int8_t *w, int64_t K,
-                    int64_t n, int nr, const float *scale, const float *bias, float *y,
-                    int64_t ldy);
-/* the panel (16 rows from n0, input-major) of an int8 matmul against T activation rows */
-void int8_panel(const float *x, int64_t T, int64_t ldx, const int8_t *wp, int64_t K,
-                int64_t n0, int64_t N, const float *scale, const float *bias, float *y,
-                int64_t ldy);
+/* an int8 matmul y = x w^T * scale + bias, work-shared among the threads of the enclosing
+ * parallel region: from row-major weights, or from their panels (16 rows, input-major) */
+void int8_rows_for(const float *x, int64_t T, int64_t ldx, const int8_t *w, const float *scale,
+                   const float *bias, int64_t N, int64_t K, float *y, int64_t ldy);
+void int8_panels_for(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
+                     const float *scale, const float *bias, int64_t N, int64_t K, float *y,
+                     int64_t ldy);
 /* out = norm(x + res) * w, res_out = x + res (res NULL: norm(x) * w) */
 void norm_row(const float *x, const float *res, const float *w, float *out, float *res_out,
               int64_t D, float eps);
