@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 
 from kernels import cpu_build, cpu_ops
 from kernels._utils import HAS_TRITON
@@ -122,6 +123,15 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return y if bias is None else y + bias
 
 
+def int4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] times a 4-bit weight (runtime.quantization.Int4Weight: nibbles, float16 d and
+    m per 32 inputs): the C kernel on float32 activations, else the float matmul of its
+    dequantization (the same products, slowly)."""
+    if use_cpu_ops(x):
+        return cpu_ops.int4_linear(x, weight.qs, weight.d, weight.m, bias)
+    return F.linear(x, weight.dequantized().to(x.dtype), bias)
+
+
 def int8_kernel(x_dtype: torch.dtype) -> str:
     """The name of what `int8_matmul` runs for activations of this dtype on the CPU (the
     crossover table keys its timings by it)."""
@@ -221,6 +231,6 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
     "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
-    "decode_slots", "prefill_plan", "int8_matmul", "int8_kernel", "use_cpu_ops", "fused_decoder",
+    "decode_slots", "prefill_plan", "int8_matmul", "int4_matmul", "int8_kernel", "use_cpu_ops", "fused_decoder",
     "FORCE_REFERENCE", "FORCE_TRITON", "NO_FUSED_LAYER", "HAS_TRITON", "use_triton",
 ]

@@ -22,9 +22,12 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
-SOURCES = ("decode_ops.c", "decode_layer.c")
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC", "-shared", "-std=c11")
-REQUIRED_CPU_FLAGS = ("avx2", "fma")
+SOURCES = ("decode_ops.c", "q4_ops.c", "decode_layer.c")
+BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
+# where the CPU has them, the 4-bit kernel runs 16 lanes wide (q4_ops.c); INFERSTACK_CPU_ISA=avx2
+# builds the AVX2 variant anyway (the tests check both on an AVX-512 machine)
+AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq")
 
 _state: dict[str, object] = {}
 
@@ -34,15 +37,28 @@ def cache_dir() -> Path:
     return Path(base) / "inferstack" / "cpu_kernels"
 
 
-def cpu_flags() -> set[str]:
+@functools.cache
+def cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def isa() -> str:
+    """`avx512` where the CPU has the AVX-512 subsets the kernels use, else `avx2`."""
+    if os.environ.get("INFERSTACK_CPU_ISA", "").lower() == "avx2":
+        return "avx2"
+    have = cpu_flags()
+    return "avx512" if all(f[2:] in have for f in AVX512_FLAGS) else "avx2"
+
+
+def flags() -> tuple[str, ...]:
+    return BASE_FLAGS + (AVX512_FLAGS if isa() == "avx512" else ())
 
 
 def compiler() -> str | None:
@@ -55,12 +71,12 @@ def compiler() -> str | None:
 def source_key(cc: str | None = None) -> str:
     """A hash of the sources (headers too), the compiler and the flags: names the library,
     and anything timed with it (runtime/linear_calibration.py, once per weight shape)."""
-    return _source_key(cc or compiler() or "", SOURCE_DIR)
+    return _source_key(cc or compiler() or "", SOURCE_DIR, flags())
 
 
 @functools.cache
-def _source_key(cc: str, source_dir: Path) -> str:
-    digest = hashlib.sha256(" ".join((cc,) + FLAGS).encode())
+def _source_key(cc: str, source_dir: Path, build_flags: tuple[str, ...]) -> str:
+    digest = hashlib.sha256(" ".join((cc,) + build_flags).encode())
     for path in sorted(source_dir.iterdir()):
         if path.suffix in (".c", ".h"):
             digest.update(path.name.encode() + path.read_bytes())
@@ -77,7 +93,7 @@ def _build(cc: str) -> Path:
     os.close(fd)
     try:
         sources = [str(SOURCE_DIR / name) for name in SOURCES]
-        subprocess.run([cc, *FLAGS, *sources, "-o", tmp, "-lm"], check=True,
+        subprocess.run([cc, *flags(), *sources, "-o", tmp, "-lm"], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, target)
     finally:

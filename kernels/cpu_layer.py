@@ -1,6 +1,7 @@
 """The fused CPU decode layer (kernels/cpu/decode_layer.c): what it reads, and when it runs.
 
-A model whose every projection is int8 on the compiled ops gets a `FusedDecoder`. For a step
+A model whose every projection is int8 on the compiled ops (some also in their exact 4-bit
+form, which the layer runs for the smallest steps) gets a `FusedDecoder`. For a step
 of decodes only, float32, no larger than any projection's int8 crossover (runtime/linear.py),
 it runs each layer as one C call instead of ten ops; any other step (prefill or extend
 chunks, a large batch, another dtype) takes the op-by-op path, which computes the same thing.
@@ -19,7 +20,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 class Int8Matrix(ctypes.Structure):
-    _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I)]
+    _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I),
+                ("qs", _P), ("d16", _P), ("m16", _P), ("small_rows", _I)]
 
 
 class LayerWeights(ctypes.Structure):
@@ -39,9 +41,11 @@ def _matrix(linear) -> Int8Matrix | None:
     packed = linear.packed
     if packed is None or getattr(packed, "kind", None) != "int8":
         return None
-    bias = linear.bias
+    bias, small = linear.bias, linear.small if linear.max_small_rows else None
+    four_bit = (None, None, None, 0) if small is None else (
+        small.qs.data_ptr(), small.d.data_ptr(), small.m.data_ptr(), linear.max_small_rows)
     return Int8Matrix(packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr(),
-                      None if bias is None else bias.data_ptr(), *packed.shape)
+                      None if bias is None else bias.data_ptr(), *packed.shape, *four_bit)
 
 
 class FusedDecoder:

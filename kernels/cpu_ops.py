@@ -18,6 +18,7 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "is_int8_linear": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_int8_linear_panels": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
+    "is_q4_linear": ([_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
     "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),
     "is_rotary": ([_P, _I, _I, _I, _I, _I, _P, _P], None),
@@ -92,6 +93,19 @@ def int8_linear_panels(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tenso
     _lib.int8_linear_panels(x.data_ptr(), x.shape[0], x.stride(0), panels.data_ptr(),
                             scale.data_ptr(), None if bias is None else bias.data_ptr(), n, k,
                             y.data_ptr(), n, torch.get_num_threads())
+    return y
+
+
+def int4_linear(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] float32 times the 4-bit weight (qs [N, K/32, 16] uint8, float16 d, m
+    [N, K/32]: runtime.quantization.Int4Weight) + bias [N]."""
+    x = _rows(x)
+    n, k = qs.shape[0], qs.shape[1] * 32
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    _lib.q4_linear(x.data_ptr(), x.shape[0], x.stride(0), qs.data_ptr(), d.data_ptr(),
+                   m.data_ptr(), None if bias is None else bias.data_ptr(), n, k, y.data_ptr(),
+                   n, torch.get_num_threads())
     return y
 
 

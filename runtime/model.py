@@ -16,7 +16,7 @@ from runtime.attention import AttentionMetadata, PagedAttention
 from runtime.config import ModelConfig
 from runtime.linear import Linear
 from runtime.linear_calibration import Calibration
-from runtime.quantization import quantize
+from runtime.quantization import INT4_GROUP, Int4Weight, Int8Weight
 
 
 class LinearMaker:
@@ -34,13 +34,29 @@ class LinearMaker:
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         if self.quantization == "none":
             return Linear(weight.contiguous(), bias)
-        packed = quantize(weight, self.quantization)
-        self.packed_bytes += packed.nbytes
+        packed = Int8Weight(weight)
         dense = packed.dequantized().to(self.dtype).contiguous()
         rows = self.max_quant_rows
         if rows is None:
-            rows = self.calibration.max_quant_rows(self.quantization, dense, packed)
-        return Linear(dense, bias, packed, rows)
+            rows = self.calibration.max_quant_rows("int8", dense, packed)
+        small, small_rows = self._small(weight, packed)
+        self.packed_bytes += small.nbytes if small is not None and small_rows else packed.nbytes
+        return Linear(dense, bias, packed, rows, small, small_rows)
+
+    def _small(self, weight: torch.Tensor, packed: Int8Weight) -> tuple[Int4Weight | None, int]:
+        """With int4, a weight the file holds in 4 bits keeps that form for the smallest
+        steps (where the C kernel runs it: no compiler, no 4-bit); a weight 4 bits cannot hold
+        exactly (a Q8_0 embedding, a float checkpoint) stays int8: nothing is rounded to 4 bits."""
+        if self.quantization != "int4" or weight.shape[1] % INT4_GROUP \
+                or not kernels.cpu_ops_take(self.dtype) or weight.device.type != "cpu":
+            return None, 0
+        small = Int4Weight(weight)
+        if not small.exact:
+            return None, 0
+        rows = self.max_quant_rows
+        if rows is None:
+            rows = self.calibration.max_small_rows(small, packed)
+        return small, rows
 
 
 class DecoderLayer:

@@ -1,16 +1,16 @@
 """Weight-only quantized formats for the CPU and the `--quantization` choice.
 
-A quantized weight is held as int8 (one scale per output row) or int4 (groups of 32 along the
-input, a scale and a zero point per group) and multiplied by torch's own CPU kernels
-(`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`) on bfloat16 activations: a batch-1
-decode reads a quarter (an eighth) of the float32 bytes. The kernels take bfloat16 scales, so
-`dequantized()` rounds the scales the same way: the float copy the runtime keeps for large
-batches (runtime/linear.py) holds exactly the values the kernel multiplies by, and the two paths
-differ only by the activations' bfloat16 rounding.
+int8 holds a weight with one scale per output row; the compiled CPU kernels (kernels/cpu/)
+multiply it on float32 activations, torch's `_weight_int8pack_mm` on bfloat16 ones where they
+are missing. The scales are rounded to bfloat16 and `dequantized()` uses the same values, so
+the float copy the runtime keeps for large batches (runtime/linear.py) holds exactly the
+weights the kernel multiplies by.
 
-int4 groups are asymmetric, min to max in 15 steps: a GGUF Q4_1 block is exactly that (its
-minimum and d = (max - min) / 15), so requantizing Q4_1 weights recovers the file's own 4-bit
-values and only the scales' rounding to bfloat16 is new.
+int4 is a GGUF Q4_1 block's own form (`Int4Weight`: per 32 inputs, 16 bytes of nibbles and
+float16 d, m; w = q * d + m), multiplied by the compiled kernel (kernels/cpu/q4_ops.c) on
+float32 activations. It is served only for weights that it holds exactly (a file's Q4_1
+matrices): the smallest steps then read 0.625 of the int8 bytes and multiply by the file's
+own weights, while larger steps use the int8 and float forms above.
 """
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def resolve(requested: str, weight_format: str, device: str) -> str:
     """The format to serve: `none`, `int8` or `int4`.
 
     `auto` quantizes only what was quantized already (a GGUF with Q4/Q5/Q8 weights), only on a
-    CPU whose torch build has vectorized kernels, and picks int8: on the machines measured
-    (docs/perf.md) int8 beat int4 at every batch size. A float checkpoint stays float unless
-    asked: quantizing it would change its outputs without being told to.
+    CPU whose torch build has vectorized kernels: int4 (4-bit weights kept as the file has
+    them for the smallest steps, int8 above) for a 4-bit file where the compiled kernels run,
+    else int8. A float checkpoint stays float unless asked: quantizing it would change its
+    outputs without being told to.
     """
     if requested not in CHOICES:
         raise QuantizationError(f"quantization must be one of {', '.join(CHOICES)}, "
@@ -43,7 +44,10 @@ def resolve(requested: str, weight_format: str, device: str) -> str:
     if requested == "auto":
         quantized_file = weight_format.startswith("Q")
         fast = torch.backends.cpu.get_cpu_capability() in _FAST_CPU
-        return "int8" if quantized_file and fast and device == "cpu" else "none"
+        if not (quantized_file and fast and device == "cpu"):
+            return "none"
+        four_bit = weight_format.startswith("Q4") and kernels.cpu_ops_take(torch.float32)
+        return "int4" if four_bit else "int8"
     if requested != "none" and device != "cpu":
         raise QuantizationError(f"quantization {requested} runs on the CPU only (device "
                                 f"{device}); use --quantization none")
@@ -77,8 +81,14 @@ class Int8Weight:
 
 
 class Int4Weight:
-    """W [N, K] in groups of 32 inputs: q in 0..15, w = (q - 8) * scale + zero (torch's CPU
-    int4 convention), scale and zero in bfloat16."""
+    """W [N, K] in blocks of 32 inputs, w = q * d + m with q in 0..15 and float16 d, m per
+    block: a GGUF Q4_1 block's own form (16 bytes of nibbles, two float16 numbers), read by
+    the compiled CPU kernel (kernels/cpu/q4_ops.c) on float32 activations.
+
+    Built from float weights by taking each block's min as m and (max - min) / 15 as d. For a
+    file's Q4_1 matrix (llama.cpp's quantizer uses both 0 and 15 in every block) that recovers
+    the file's q, d and m exactly, and `exact` says so: the kernel then multiplies by the
+    file's own weights. Anything else is rounded to 4 bits (`exact` False)."""
 
     kind = "int4"
 
@@ -89,31 +99,29 @@ class Int4Weight:
                                     f"not {k}")
         g = weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
         lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
-        q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.int32)
-        self.packed = torch._convert_weight_to_int4pack_for_cpu(q.view(n, k).contiguous(), 1)
-        zero = lo + 8.0 * scale  # (q - 8) * scale + zero == q * scale + lo
-        # [K / group, N, 2]: the kernel's layout of scales and zero points
-        self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16) \
-            .contiguous()
-        self.q = q.to(torch.uint8)  # kept for dequantized(); half a byte more per weight
+        self.d = ((hi - lo) / 15.0).half()
+        self.m = lo.half()
+        d, m = self.d.float()[..., None], self.m.float()[..., None]
+        q = ((g - m) / torch.where(d > 0, d, 1.0)).round().clamp(0, 15).to(torch.uint8)
+        self.exact = bool(torch.equal(q * d + m, g))
+        # byte j of a block: input j in the low nibble, input j + 16 in the high one
+        self.qs = (q[..., :16] | (q[..., 16:] << 4)).contiguous()
         self.shape = (n, k)
 
+    def codes(self) -> torch.Tensor:
+        """The 4-bit values, [N, K / 32, 32] in input order."""
+        return torch.cat([self.qs & 15, self.qs >> 4], dim=-1)
+
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, INT4_GROUP,
-                                              self.scales_zeros).to(x.dtype)
-        return y if bias is None else y + bias
+        return kernels.int4_matmul(x, self, bias)
 
     def dequantized(self) -> torch.Tensor:
-        n, k = self.shape
-        sz = self.scales_zeros.float()
-        scale, zero = sz[..., 0].t(), sz[..., 1].t()  # [N, K / group]
-        w = (self.q.float() - 8.0) * scale[..., None] + zero[..., None]
-        return w.view(n, k)
+        w = self.codes().float() * self.d.float()[..., None] + self.m.float()[..., None]
+        return w.view(self.shape)
 
     @property
     def nbytes(self) -> int:
-        return self.packed.numel() + self.scales_zeros.numel() * 2
+        return self.qs.numel() + 2 * (self.d.numel() + self.m.numel())
 
 
 def quantize(weight: torch.Tensor, kind: str) -> Int8Weight | Int4Weight:

@@ -9,7 +9,7 @@
  * path agree to float32 rounding (tests/kernels/test_cpu_decode_layer.py).
  *
  * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations, int8
- * weights with one float32 scale per row, caches [slots, KVH, D] with unit inner stride,
+ * weights with one float32 scale per row (and optionally their exact 4-bit form), caches [slots, KVH, D] with unit inner stride,
  * int64 slots, tables and lengths, and B sequences each at the token whose K/V goes to
  * slots[b] and whose context is then lens[b] long.
  */
@@ -24,6 +24,10 @@ typedef struct {
     const float *scale;
     const float *bias; /* NULL: none */
     int64_t n, k;
+    /* the weight's 4-bit form (q4_ops.c), run for steps of up to small_rows rows; NULL: none */
+    const uint8_t *qs;
+    const uint16_t *d16, *m16;
+    int64_t small_rows;
 } Int8Matrix;
 
 typedef struct {
@@ -48,7 +52,9 @@ typedef struct {
 #define PANEL_MIN_ROWS 32
 
 static void matmul_for(const Int8Matrix *m, const float *x, int64_t B, float *y) {
-    if (m->panels && B >= PANEL_MIN_ROWS)
+    if (m->qs && B <= m->small_rows)
+        q4_rows_for(x, B, m->k, m->qs, m->d16, m->m16, m->bias, m->n, m->k, y, m->n);
+    else if (m->panels && B >= PANEL_MIN_ROWS)
         int8_panels_for(x, B, m->k, m->panels, m->scale, m->bias, m->n, m->k, y, m->n);
     else
         int8_rows_for(x, B, m->k, m->q, m->scale, m->bias, m->n, m->k, y, m->n);

@@ -2,6 +2,7 @@
 only the steps it can, and steps aside for everything else."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ import kernels
 from kernels import cpu_build, cpu_ops
 from kernels.cpu_layer import FusedDecoder
 from runtime.sampling_params import SamplingParams
+from tests.q4_weights import snapped_to_q4_1
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
                                 reason=f"no compiled CPU ops: {cpu_build.unavailable_reason()}")
@@ -99,6 +101,48 @@ def test_a_batch_large_enough_for_the_panel_kernel_gives_the_same_tokens(make_ti
     sizes = fused_batch_sizes(eng, monkeypatch)
     assert eng.generate(prompts, params) == expected
     assert max(sizes) == 34 >= cpu_ops.PANEL_MIN_ROWS
+
+
+@pytest.fixture
+def make_4bit_engine(tiny_checkpoint, monkeypatch):
+    """The tiny model with its layers' matrices rounded to Q4_1 (as a 4-bit GGUF holds them),
+    served with int4: those matrices keep their 4-bit form (the embeddings stay int8)."""
+    from runtime.config import EngineConfig
+    from runtime.engine import LLMEngine
+    weights = {name: snapped_to_q4_1(w) if ".layers." in name and w.dim() == 2 else w
+               for name, w in tiny_checkpoint.weights.items()}
+    checkpoint = dataclasses.replace(tiny_checkpoint, weights=weights)
+
+    def make(fused: bool, **overrides):
+        monkeypatch.setattr(kernels, "NO_FUSED_LAYER", not fused)
+        cfg = dict(num_blocks=64, block_size=4, max_num_seqs=16, quantization="int4",
+                   quant_max_rows=16, max_num_batched_tokens=16)
+        cfg.update(overrides)
+        return LLMEngine(checkpoint, EngineConfig(**cfg))
+    return make
+
+
+def test_4bit_fused_steps_give_the_op_by_op_tokens_and_logprobs(make_4bit_engine, monkeypatch):
+    """The fused layer reads each matrix's 4-bit form up to its crossover, as the op-by-op
+    path does, and both give the same tokens and logprobs."""
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
+    plain = make_4bit_engine(fused=False)
+    qkv = plain.runner.model.layers[0].qkv
+    assert qkv.small is not None and qkv.small.exact and qkv.max_small_rows == 16
+    prompts = [plain.tokenizer.encode(t) for t in PROMPTS]
+    expected = run(plain, prompts, params)
+    eng = make_4bit_engine(fused=True)
+    weights = eng.runner.model.fused.weights[0]
+    assert weights.qkv.qs and weights.down.small_rows == 16  # the C layer got the 4-bit form
+    small_calls = count_calls(monkeypatch, type(qkv.small), "matmul")
+    sizes = fused_batch_sizes(eng, monkeypatch)
+    got = run(eng, prompts, params)
+    assert sizes and small_calls[0] > 0  # decodes fused, prefill chunks op by op in 4 bits
+    for key, (tokens, logprobs) in expected.items():
+        assert got[key][0] == tokens
+        for a, b in zip(got[key][1], logprobs):
+            assert a.token_id == b.token_id
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
 
 
 def test_steps_larger_than_the_int8_crossover_run_op_by_op(make_tiny_engine, monkeypatch):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels
 from runtime.linear import Linear
 from runtime.linear_calibration import Calibration, ColdCache, cache_key, quant_to_dense_ratio
 from runtime.quantization import (
@@ -20,20 +21,10 @@ from runtime.quantization import (
     resolve,
 )
 from runtime.sampling_params import SamplingParams
+from tests.q4_weights import q4_1_weight
 from tests.runtime.test_vs_transformers import PROMPTS, hf_greedy, relative_error
 
 FAST_CPU = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
-
-
-def q4_1_weight(n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Weights as a GGUF Q4_1 file holds them: per 32 inputs, d * q + m with q in 0..15 and
-    both 0 and 15 used (llama.cpp's quantizer takes the block's min and max)."""
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k // 32, 32), generator=g)
-    q[..., 0], q[..., 1] = 0, 15
-    d = (torch.rand(n, k // 32, 1, generator=g) * 0.02 + 0.001).half().float()
-    m = (torch.randn(n, k // 32, 1, generator=g) * 0.05).half().float()
-    return (q * d + m).view(n, k)
 
 
 # ---- formats --------------------------------------------------------------------------------
@@ -63,17 +54,8 @@ def test_int4_recovers_a_q4_1_files_own_values():
     g = w.view(64, -1, INT4_GROUP)
     d = (g.amax(-1) - g.amin(-1)) / 15
     q = ((g - g.amin(-1, keepdim=True)) / d[..., None]).round()
-    assert torch.equal(p.q.view_as(q).float(), q)  # every 4-bit value as the file had it
-    # what is new is the bfloat16 rounding (2^-8 relative) of the scale, times |q - 8| <= 8,
-    # and of the zero point m + 8d
-    err = (p.dequantized() - w).view_as(g).abs().amax(-1)
-    zero = g.amin(-1) + 8 * d
-    assert bool((err <= (8 * d + zero.abs()) * 2 ** -8 * 1.01).all())
-
-
-def test_int4_refuses_inputs_not_in_groups():
-    with pytest.raises(QuantizationError, match="divisible by 32"):
-        Int4Weight(torch.randn(8, 40))
+    assert torch.equal(p.codes().float(), q)  # every 4-bit value as the file had it
+    assert p.exact and torch.equal(p.dequantized(), w)  # and its d and m: nothing is new
 
 
 # ---- the choice ------------------------------------------------------------------------------
@@ -81,8 +63,11 @@ def test_auto_quantizes_only_what_the_file_had_quantized():
     assert resolve("auto", "float", "cpu") == "none"
     assert resolve("auto", "Q4_1", "cuda") == "none"
     assert resolve("auto", "Q8_0", "cpu") == ("int8" if FAST_CPU else "none")
+    # a 4-bit file keeps its 4-bit weights where the compiled kernel runs them
+    four_bit = "int4" if kernels.cpu_ops_take(torch.float32) else "int8"
+    assert resolve("auto", "Q4_1", "cpu") == (four_bit if FAST_CPU else "none")
     assert resolve("none", "Q4_1", "cpu") == "none"
-    assert resolve("int4", "float", "cpu") == "int4"  # asked for: quantized at load
+    assert resolve("int4", "float", "cpu") == "int4"  # asked for (4 bits only where exact)
 
 
 @pytest.mark.parametrize("value,device,match", [("int3", "cpu", "one of auto, none"),
@@ -102,6 +87,16 @@ def test_linear_takes_the_quantized_kernel_up_to_its_crossover():
     assert torch.equal(lin(small), p.matmul(small))
     assert torch.equal(lin(large), F.linear(large, p.dequantized()))
     assert Linear(w).max_quant_rows == 0  # a float Linear never asks for a packed weight
+
+
+def test_a_4bit_linear_runs_4bit_then_int8_then_float():
+    w = q4_1_weight(64, 32)
+    small, packed = Int4Weight(w), Int8Weight(w)
+    lin = Linear(packed.dequantized(), None, packed, 8, small, 2)
+    x = torch.randn(9, 32)
+    assert torch.equal(lin(x[:2]), small.matmul(x[:2]))
+    assert torch.equal(lin(x[:8]), packed.matmul(x[:8]))
+    assert torch.equal(lin(x), F.linear(x, packed.dequantized()))
 
 
 def test_the_crossover_is_measured_once_and_cached(tmp_path, monkeypatch):
@@ -276,3 +271,34 @@ def test_smollm_int8_knows_the_capital_of_france(smollm_int8):
         [{"role": "user", "content": "What is the capital of France?"}]))
     [out] = smollm_int8.generate([prompt], SamplingParams(max_tokens=48, temperature=0.0))
     assert "Paris" in tok.decode(out)
+
+
+@pytest.fixture(scope="module")
+def smollm_int4(smollm_checkpoint):
+    """`auto` on the Q4_1 file: every step through the 4-bit kernel where it holds a weight."""
+    return smollm_engine_with(smollm_checkpoint, quantization="auto", quant_max_rows=10_000)
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not kernels.cpu_ops_take(torch.float32), reason="no compiled CPU ops")
+def test_smollm_4bit_path_multiplies_by_the_files_own_weights(smollm_int4, hf_smollm):
+    """auto serves SmolLM2's Q4_1 matrices in their own 4-bit form (exactly: the 4-bit path
+    is transformers on the file's weights, to float32 rounding, token for token), and its Q8_0
+    embedding, which 4 bits cannot hold, as int8 (so transformers gets our head here)."""
+    model = smollm_int4.runner.model
+    assert model.quantization == "int4"
+    for layer in model.layers:
+        for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
+            assert lin.small is not None and lin.small.exact and lin.max_small_rows == 10_000
+    assert model.lm_head.small is None and model.lm_head.packed.kind == "int8"
+    hf = copy.deepcopy(hf_smollm)
+    with torch.no_grad():
+        hf.model.embed_tokens.weight.copy_(model.embed)  # tied: the head too
+    ids = [smollm_int4.tokenizer.encode(t) for t in PROMPTS]
+    with torch.no_grad():
+        for p in ids:
+            ref = hf(torch.tensor([p])).logits[0]
+            assert relative_error(smollm_int4.prompt_logits(p), ref) < 1e-3
+    ours = smollm_int4.generate(ids, SamplingParams(max_tokens=32, temperature=0.0))
+    for p, o in zip(ids, ours):
+        assert o == hf_greedy(hf, p, 32)

@@ -1,0 +1,162 @@
+/* 4-bit weight-only matmul for small steps, on float32 activations.
+ *
+ * Why: a batch-1 decode step streams every weight once, so its time is its bytes. The int8
+ * row kernel (decode_ops.c) reads one byte a weight; a GGUF's Q4_1 matrices hold 5 bits a
+ * weight (16 bytes of nibbles and two float16 numbers per 32 weights), and served in that
+ * form a step reads 0.625 of the int8 bytes. The activations stay float32, so the product is
+ * the file's own weights times x, to float32 rounding: nothing is requantized.
+ *
+ * Layout (runtime/quantization.py builds it, `Q4Weight`): per weight row, blocks of 32 inputs;
+ * qs [N, K/32, 16] bytes where byte j of a block holds input j in its low nibble and input
+ * j + 16 in its high one (the GGUF order), and float16 d, m [N, K/32]: w = q * d + m.
+ *
+ * Each block is dequantized once into float vectors and multiplied into every token of the
+ * tile, so from a few tokens up the unpacking's cost falls behind the FMAs. Threads split the
+ * weight rows in groups of four, each group's bytes fetched a group ahead, like int8_rows_for.
+ * Built for AVX-512 where the CPU has it (16 lanes: one load and one widening give a whole
+ * half-block), else AVX2 + FMA + F16C.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+#include "decode_ops.h"
+#include "simd.h"
+
+#ifdef __AVX512F__
+typedef __m512 vf;
+#define VW 16
+#define vzero() _mm512_setzero_ps()
+#define vload(p) _mm512_loadu_ps(p)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vadd(a, b) _mm512_add_ps(a, b)
+#define vset1(f) _mm512_set1_ps(f)
+#define vhsum(v) _mm512_reduce_add_ps(v)
+#else
+typedef __m256 vf;
+#define VW 8
+#define vzero() _mm256_setzero_ps()
+#define vload(p) _mm256_loadu_ps(p)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vadd(a, b) _mm256_add_ps(a, b)
+#define vset1(f) _mm256_set1_ps(f)
+#define vhsum(v) hsum(v)
+#endif
+#define Q4_BLOCK 32
+#define NV (Q4_BLOCK / VW) /* vectors per block */
+#define ROWS 4             /* weight rows per group */
+#define TOKENS 4           /* tokens per tile */
+
+/* one block of one row as NV float vectors, in input order */
+INLINE void dequant(const uint8_t *qs, float d, float m, vf w[NV]) {
+    vf dv = vset1(d), mv = vset1(m);
+#ifdef __AVX512F__
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), dv,
+                           mv);
+    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), dv, mv);
+#else
+    __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), dv, mv);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), dv,
+                           mv);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), dv, mv);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), dv,
+                           mv);
+#endif
+}
+
+/* nr rows (from qs, their float scales ds/ms [nr][kb]) by tr tokens; with one token the
+ * vectors of a block alternate between two accumulators so more FMA chains overlap */
+INLINE void tile(const float *x, int64_t ldx, const uint8_t *qs, const float *ds,
+                 const float *ms, int64_t kb, int nr, int tr, float out[ROWS][TOKENS]) {
+    vf acc[ROWS][TOKENS][2];
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < tr; j++) acc[i][j][0] = acc[i][j][1] = vzero();
+    for (int64_t b = 0; b < kb; b++) {
+        for (int i = 0; i < nr; i++) {
+            vf w[NV];
+            dequant(qs + (i * kb + b) * 16, ds[i * kb + b], ms[i * kb + b], w);
+            for (int j = 0; j < tr; j++) {
+                const float *xb = x + j * ldx + b * Q4_BLOCK;
+                for (int v = 0; v < NV; v++) {
+                    int a = tr == 1 ? v & 1 : 0;
+                    acc[i][j][a] = vfma(w[v], vload(xb + v * VW), acc[i][j][a]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < tr; j++)
+            out[i][j] = vhsum(tr == 1 ? vadd(acc[i][j][0], acc[i][j][1]) : acc[i][j][0]);
+}
+
+/* float16 -> float32 for n values */
+static void halves(const uint16_t *h, float *f, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
+}
+
+static void q4_row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
+                         const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t n,
+                         int nr, int64_t N, int64_t K, float *y, int64_t ldy) {
+    const int64_t kb = K / Q4_BLOCK, bytes = kb * 16;
+    const uint8_t *q = qs + n * bytes;
+    /* the next group's nibbles, fetched while this one computes (as in int8_row_group) */
+    if (n + ROWS < N)
+        for (int64_t off = 0; off < ROWS * bytes; off += 64)
+            _mm_prefetch((const char *)(q + ROWS * bytes + off), _MM_HINT_T0);
+    float ds[ROWS * kb], ms[ROWS * kb];
+    halves(d16 + n * kb, ds, nr * kb);
+    halves(m16 + n * kb, ms, nr * kb);
+    float out[ROWS][TOKENS];
+    for (int64_t t = 0; t < T; t += TOKENS) {
+        int tr = T - t < TOKENS ? (int)(T - t) : TOKENS;
+        const float *xt = x + t * ldx;
+        /* constant tile shapes, so the accumulators stay in registers */
+#define TILE(R, C) tile(xt, ldx, q + r * bytes, ds + r * kb, ms + r * kb, kb, R, C, out)
+        for (int r = 0; r < nr; r += (nr == ROWS ? ROWS : 1)) {
+            int rows = nr == ROWS ? ROWS : 1;
+            if (rows == ROWS) {
+                switch (tr) {
+                case 1: TILE(ROWS, 1); break;
+                case 2: TILE(ROWS, 2); break;
+                case 3: TILE(ROWS, 3); break;
+                default: TILE(ROWS, 4);
+                }
+            } else {
+                switch (tr) {
+                case 1: TILE(1, 1); break;
+                case 2: TILE(1, 2); break;
+                case 3: TILE(1, 3); break;
+                default: TILE(1, 4);
+                }
+            }
+#undef TILE
+            for (int i = 0; i < rows; i++)
+                for (int j = 0; j < tr; j++)
+                    y[(t + j) * ldy + n + r + i] = out[i][j] + (bias ? bias[n + r + i] : 0.0f);
+        }
+    }
+}
+
+void q4_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
+                 const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
+                 int64_t K, float *y, int64_t ldy) {
+    int64_t groups = (N + ROWS - 1) / ROWS;
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        int64_t n = g * ROWS;
+        int nr = N - n < ROWS ? (int)(N - n) : ROWS;
+        q4_row_group(x, T, ldx, qs, d16, m16, bias, n, nr, N, K, y, ldy);
+    }
+}
+
+void is_q4_linear(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
+                  const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
+                  int64_t K, float *y, int64_t ldy, int threads) {
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    q4_rows_for(x, T, ldx, qs, d16, m16, bias, N, K, y, ldy);
+}

@@ -1,0 +1,86 @@
+"""The 4-bit CPU kernel (kernels/cpu/q4_ops.c) and its weight format (Int4Weight): a GGUF
+Q4_1 matrix is held exactly, and the kernel multiplies by exactly those weights, in its
+AVX-512 build and in its AVX2 one, over every tile and tail (rows not a multiple of four,
+tokens not a multiple of four, one block or many, a bias, a strided input)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels import cpu_build, cpu_ops
+from runtime.quantization import QuantizationError, Int4Weight
+from tests.q4_weights import q4_1_weight
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(),
+                                reason=f"no compiled CPU ops: {cpu_build.unavailable_reason()}")
+
+
+def test_a_q4_1_matrix_is_held_exactly():
+    w = q4_1_weight(48, 96, seed=3)
+    p = Int4Weight(w)
+    assert p.exact and p.qs.shape == (48, 3, 16) and p.d.dtype == torch.float16
+    assert torch.equal(p.dequantized(), w)  # the file's own weights, bit for bit
+    assert p.nbytes == 48 * 96 // 2 + 2 * 2 * 48 * 3  # 5 bits a weight, as in the file
+
+
+def test_weights_four_bits_cannot_hold_are_marked_inexact():
+    w = torch.randn(16, 64)
+    p = Int4Weight(w)
+    assert not p.exact
+    # still the nearest 4-bit values of each block: within half a step (plus d's float16
+    # rounding, up to 2^-11 relative, times q <= 15)
+    err = (p.dequantized() - w).view(16, 2, 32).abs().amax(-1)
+    d = p.d.float()
+    assert bool((err <= d * (0.5 + 15 * 2 ** -10) + 1e-6).all())
+
+
+def test_input_sizes_not_in_blocks_are_refused():
+    with pytest.raises(QuantizationError, match="divisible by 32"):
+        Int4Weight(torch.randn(8, 40))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 16])
+@pytest.mark.parametrize("n,k", [(5, 32), (13, 64), (64, 96), (576, 1536)], ids=str)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
+def test_int4_linear_multiplies_by_the_dequantized_weight(rows, n, k, with_bias):
+    g = torch.Generator().manual_seed(rows * 100 + n)
+    p = Int4Weight(q4_1_weight(n, k, seed=rows + n))
+    bias = torch.randn(n, generator=g) if with_bias else None
+    wide = torch.randn(rows, k + 7, generator=g)
+    x = wide[:, 5:5 + k]  # a row stride wider than the row
+    got = cpu_ops.int4_linear(x, p.qs, p.d, p.m, bias)
+    torch.testing.assert_close(got, F.linear(x, p.dequantized(), bias), rtol=1e-5, atol=1e-5)
+
+
+AVX2_CHECK = """
+import torch, torch.nn.functional as F
+from kernels import cpu_build, cpu_ops
+from runtime.quantization import Int4Weight
+from tests.q4_weights import q4_1_weight
+assert cpu_build.isa() == "avx2" and "-mavx512f" not in cpu_build.flags()
+assert cpu_ops.available(), cpu_build.unavailable_reason()
+for rows in (1, 3, 4, 6):
+    for n, k in ((5, 32), (13, 64), (70, 576)):
+        p = Int4Weight(q4_1_weight(n, k, seed=rows))
+        x = torch.randn(rows, k)
+        torch.testing.assert_close(cpu_ops.int4_linear(x, p.qs, p.d, p.m, None),
+                                   F.linear(x, p.dequantized()), rtol=1e-5, atol=1e-5)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(cpu_build.isa() != "avx512", reason="this CPU builds only the AVX2 kernel")
+def test_the_avx2_build_computes_the_same(tmp_path):
+    """On an AVX-512 machine the tests above ran the 16-lane kernel; machines without it run
+    the 8-lane one, checked here from a build made as theirs would be."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, INFERSTACK_CPU_ISA="avx2", XDG_CACHE_HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", AVX2_CHECK], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert list(tmp_path.rglob("decode_ops-*.so"))  # a build of its own, not the cached one
