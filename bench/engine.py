@@ -208,7 +208,8 @@ def main(argv=None) -> int:
         weights, model.lm_head.weight, sizes, reps=2 if args.quick else 3,
         min_total_s=0.2 if args.quick else 1.0,
         packed=[lin.packed for lin in linears[:-1]] if quantized else None,
-        packed_head=model.lm_head.packed)
+        packed_head=model.lm_head.packed,
+        small=[lin.small if lin.max_small_rows else None for lin in linears[:-1]])
     prof = measure()
 
     log("[bench] warming up both systems ...")
