@@ -207,9 +207,9 @@ def main(argv=None) -> int:
     measure = lambda: common.measure_linear(  # noqa: E731
         weights, model.lm_head.weight, sizes, reps=2 if args.quick else 3,
         min_total_s=0.2 if args.quick else 1.0,
-        packed=[lin.packed for lin in linears[:-1]] if quantized else None,
-        packed_head=model.lm_head.packed,
-        small=[lin.small if lin.max_small_rows else None for lin in linears[:-1]])
+        packed=[lin.small if lin.small is not None else lin.packed for lin in linears[:-1]]
+        if quantized else None,  # a weight's 4-bit form where it has one (int4), else int8
+        packed_head=model.lm_head.packed)
     prof = measure()
 
     log("[bench] warming up both systems ...")

@@ -1,9 +1,9 @@
 """The fused CPU decode layer (kernels/cpu/decode_layer.c): what it reads, and when it runs.
 
-A model whose every projection is int8 on the compiled ops (some also in their exact 4-bit
-form, which the layer runs for the smallest steps) gets a `FusedDecoder`. For a step
-of decodes only, float32, no larger than any projection's int8 crossover (runtime/linear.py),
-it runs each layer as one C call instead of ten ops; any other step (prefill or extend
+A model whose every projection is int8, or a file's 4-bit form with its float copy (int4), on
+the compiled ops gets a `FusedDecoder`. For a step of decodes only, float32, no larger than
+every projection's limit (its int8 crossover, runtime/linear.py; `F32_MAX_ROWS` for int4), it
+runs each layer as one C call instead of ten ops; any other step (prefill or extend
 chunks, a large batch, another dtype) takes the op-by-op path, which computes the same thing.
 The weight pointers are gathered once into C structs; the model keeps the tensors alive.
 """
@@ -19,16 +19,16 @@ from kernels.cpu_build import load
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
-class Int8Matrix(ctypes.Structure):
+class Matrix(ctypes.Structure):
     _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I),
-                ("qs", _P), ("d16", _P), ("m16", _P), ("small_rows", _I)]
+                ("qs", _P), ("d16", _P), ("m16", _P), ("small_rows", _I), ("dense", _P)]
 
 
 class LayerWeights(ctypes.Structure):
     _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
                 ("inter", _I), ("eps", _F), ("attn_scale", _F), ("input_norm", _P),
-                ("post_norm", _P), ("qkv", Int8Matrix), ("o_proj", Int8Matrix),
-                ("gate_up", Int8Matrix), ("down", Int8Matrix)]
+                ("post_norm", _P), ("qkv", Matrix), ("o_proj", Matrix),
+                ("gate_up", Matrix), ("down", Matrix)]
 
 
 class StepCache(ctypes.Structure):
@@ -37,15 +37,31 @@ class StepCache(ctypes.Structure):
                 ("lens", _P), ("table_stride", _I), ("page", _I)]
 
 
-def _matrix(linear) -> Int8Matrix | None:
-    packed = linear.packed
-    if packed is None or getattr(packed, "kind", None) != "int8":
+# a 4-bit weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
+# (every decode-only step the default 64-sequence batch makes), op by op beyond
+F32_MAX_ROWS = 128
+
+
+def _matrix(linear) -> Matrix | None:
+    """The C view of a Linear: its int8 form, or the file's 4-bit form with the float copy;
+    None for a float-only weight."""
+    packed, small = linear.packed, linear.small
+    if getattr(packed, "kind", None) != "int8":
+        packed = None
+    if packed is None and small is None:
         return None
-    bias, small = linear.bias, linear.small if linear.max_small_rows else None
+    int8 = (None, None, None) if packed is None else (
+        packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr())
     four_bit = (None, None, None, 0) if small is None else (
         small.qs.data_ptr(), small.d.data_ptr(), small.m.data_ptr(), linear.max_small_rows)
-    return Int8Matrix(packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr(),
-                      None if bias is None else bias.data_ptr(), *packed.shape, *four_bit)
+    bias = None if linear.bias is None else linear.bias.data_ptr()
+    return Matrix(*int8, bias, *linear.shape, *four_bit, linear.weight.data_ptr())
+
+
+def _max_rows(linear) -> int:
+    """Up to how many rows the fused layer runs this weight: its int8 crossover, or for a
+    4-bit weight (no int8 form) what the float kernel covers."""
+    return linear.max_quant_rows if linear.packed is not None else F32_MAX_ROWS
 
 
 class FusedDecoder:
@@ -61,8 +77,8 @@ class FusedDecoder:
                 layer.input_norm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
                 layer.down.shape[1], layer.eps, layer.attn.scale, layer.input_norm.data_ptr(),
                 layer.post_norm.data_ptr(), *mats))
-            rows += [lin.max_quant_rows for lin in (layer.qkv, layer.o_proj, layer.gate_up,
-                                                    layer.down)]
+            rows += [_max_rows(lin) for lin in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                layer.down)]
         # above the smallest crossover some projection runs its float copy: op by op then
         self.max_rows = min(rows)
         w = self.weights[0]
@@ -76,7 +92,9 @@ class FusedDecoder:
             return None
         for layer in layers:
             lins = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-            if any(_matrix(lin) is None for lin in lins) or layer.o_proj.bias is not None \
+            if any(_matrix(lin) is None or lin.weight.dtype != torch.float32
+                   or not lin.weight.is_contiguous() for lin in lins) \
+                    or layer.o_proj.bias is not None \
                     or layer.gate_up.bias is not None or layer.down.bias is not None:
                 return None
             if layer.num_heads % layer.num_kv_heads or layer.input_norm.device.type != "cpu":

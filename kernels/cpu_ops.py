@@ -19,6 +19,7 @@ _SIGNATURES = {
     "is_int8_linear": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_int8_linear_panels": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_q4_linear": ([_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I, _C], None),
+    "is_f32_linear": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _C], None),
     "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
     "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),
     "is_rotary": ([_P, _I, _I, _I, _I, _I, _P, _P], None),
@@ -106,6 +107,19 @@ def int4_linear(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Ten
     _lib.q4_linear(x.data_ptr(), x.shape[0], x.stride(0), qs.data_ptr(), d.data_ptr(),
                    m.data_ptr(), None if bias is None else bias.data_ptr(), n, k, y.data_ptr(),
                    n, torch.get_num_threads())
+    return y
+
+
+def f32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
+               ) -> torch.Tensor:
+    """x [T, K] float32 times the float32 weight w [N, K] (unit inner stride) + bias [N]: the
+    fused layer's GEMM for a 4-bit model's larger steps, exposed for its tests."""
+    x = _rows(x)
+    n, k = w.shape
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    _lib.f32_linear(x.data_ptr(), x.shape[0], x.stride(0), w.data_ptr(),
+                    None if bias is None else bias.data_ptr(), n, k, y.data_ptr(), n,
+                    torch.get_num_threads())
     return y
 
 

@@ -9,9 +9,9 @@ its exact float dequantization for larger ones (runtime/quantization.py explains
 agree up to the activations' rounding). The crossover is measured per weight shape at start
 (runtime/linear_calibration.py).
 
-A weight a GGUF file holds in 4 bits may also keep that form (`small`, runtime/quantization.py
-`Int4Weight`) for the smallest steps, up to `max_small_rows`, where reading 0.625 of the int8
-bytes beats int8 (measured the same way, against the int8 kernel).
+With int4, a weight the GGUF file holds in 4 bits keeps that form instead (`small`,
+runtime/quantization.py `Int4Weight`) for steps of up to `max_small_rows` rows, and its float
+copy is the file's own weights: every batch size multiplies by the same values.
 """
 from __future__ import annotations
 

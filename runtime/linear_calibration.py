@@ -29,7 +29,7 @@ import kernels
 from runtime.quantization import Int4Weight, Int8Weight
 
 ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-FORMAT_VERSION = 4  # 2: timed with cold caches; 3: keyed by the int8 kernel; 4: int4 vs int8
+FORMAT_VERSION = 4  # 2: timed with cold caches; 3: keyed by the int8 kernel; 4: C int4
 EVICT_BYTES = 64 << 20  # more than any last-level cache of these machines
 log = logging.getLogger(__name__)
 
@@ -75,29 +75,22 @@ def _seconds(fn, evict: ColdCache) -> float:
     return time.perf_counter() - t
 
 
-Reference = torch.Tensor | Int8Weight  # what a packed weight is timed against
-
-
-def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, reference: Reference, rows: int,
+def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, weight: torch.Tensor, rows: int,
                          repeats: int = 7, evict: ColdCache | None = None) -> float:
-    """Median over pairs of (quantized time / reference time), each from cold caches, the two
+    """Median over pairs of (quantized time / float time), each from cold caches, the two
     run back to back so that a neighbour's burst slows both of a pair alike instead of
-    deciding the comparison. The reference is the float weight (`F.linear`) or the next
-    format down (the int8 weight a 4-bit one must beat)."""
+    deciding the comparison."""
     evict = evict or ColdCache()
-    x = torch.randn(rows, packed.shape[1])
-    run_ref = (lambda: F.linear(x, reference)) if isinstance(reference, torch.Tensor) \
-        else (lambda: reference.matmul(x))
-    packed.matmul(x), run_ref()  # warm: first calls allocate and fault pages in
-    ratios = sorted(_seconds(lambda: packed.matmul(x), evict) / _seconds(run_ref, evict)
-                    for _ in range(repeats))
+    x = torch.randn(rows, weight.shape[1])
+    packed.matmul(x), F.linear(x, weight)  # warm: first calls allocate and fault pages in
+    ratios = sorted(_seconds(lambda: packed.matmul(x), evict)
+                    / _seconds(lambda: F.linear(x, weight), evict) for _ in range(repeats))
     return ratios[len(ratios) // 2]
 
 
-def measure(packed: Int8Weight | Int4Weight, weight: Reference,
+def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor,
             ratio=quant_to_dense_ratio) -> int:
-    """The largest row count in ROWS at which `packed` beats `weight` (float32, or int8 for a
-    4-bit weight), 0 if none; the counts
+    """The largest row count in ROWS at which `packed` beats float32, 0 if none; the counts
     are tried in order and the search stops at the first loss (the gap only widens) that a
     second measurement confirms. One noisy loss must not stop it early: with the C kernels the
     fused decode layer runs only up to the smallest crossover of all shapes, so a single
@@ -137,16 +130,6 @@ class Calibration:
         if key not in self.table:
             start = time.perf_counter()
             self.table[key] = measure(packed, weight)
-            self.seconds += time.perf_counter() - start
-            self.measured += 1
-        return self.table[key]
-
-    def max_small_rows(self, small: Int4Weight, packed: Int8Weight) -> int:
-        """Up to how many rows the 4-bit form of a weight beats its int8 form."""
-        key = cache_key("int4", small.shape)
-        if key not in self.table:
-            start = time.perf_counter()
-            self.table[key] = measure(small, packed)
             self.seconds += time.perf_counter() - start
             self.measured += 1
         return self.table[key]

@@ -34,29 +34,31 @@ class LinearMaker:
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         if self.quantization == "none":
             return Linear(weight.contiguous(), bias)
+        small = self._exact_4bit(weight)
+        if small is not None:  # int4: the file's 4-bit form, and the same weights in float
+            dense = weight.to(self.dtype).contiguous()
+            rows = self._crossover("int4", dense, small)
+            self.packed_bytes += small.nbytes
+            return Linear(dense, bias, small=small, max_small_rows=rows)
         packed = Int8Weight(weight)
+        self.packed_bytes += packed.nbytes
         dense = packed.dequantized().to(self.dtype).contiguous()
-        rows = self.max_quant_rows
-        if rows is None:
-            rows = self.calibration.max_quant_rows("int8", dense, packed)
-        small, small_rows = self._small(weight, packed)
-        self.packed_bytes += small.nbytes if small is not None and small_rows else packed.nbytes
-        return Linear(dense, bias, packed, rows, small, small_rows)
+        return Linear(dense, bias, packed, self._crossover("int8", dense, packed))
 
-    def _small(self, weight: torch.Tensor, packed: Int8Weight) -> tuple[Int4Weight | None, int]:
-        """With int4, a weight the file holds in 4 bits keeps that form for the smallest
-        steps (where the C kernel runs it: no compiler, no 4-bit); a weight 4 bits cannot hold
-        exactly (a Q8_0 embedding, a float checkpoint) stays int8: nothing is rounded to 4 bits."""
+    def _crossover(self, kind: str, dense: torch.Tensor, packed: Int8Weight | Int4Weight) -> int:
+        if self.max_quant_rows is not None:
+            return self.max_quant_rows
+        return self.calibration.max_quant_rows(kind, dense, packed)
+
+    def _exact_4bit(self, weight: torch.Tensor) -> Int4Weight | None:
+        """With int4, a weight the file holds in 4 bits (where the C kernel runs it); a weight
+        4 bits cannot hold exactly (a Q8_0 embedding, a float checkpoint) goes int8 instead:
+        nothing is rounded to 4 bits."""
         if self.quantization != "int4" or weight.shape[1] % INT4_GROUP \
                 or not kernels.cpu_ops_take(self.dtype) or weight.device.type != "cpu":
-            return None, 0
+            return None
         small = Int4Weight(weight)
-        if not small.exact:
-            return None, 0
-        rows = self.max_quant_rows
-        if rows is None:
-            rows = self.calibration.max_small_rows(small, packed)
-        return small, rows
+        return small if small.exact else None
 
 
 class DecoderLayer:

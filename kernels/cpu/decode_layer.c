@@ -8,9 +8,9 @@
  * The arithmetic is the single ops' own (decode_ops.h), so the fused layer and the op-by-op
  * path agree to float32 rounding (tests/kernels/test_cpu_decode_layer.py).
  *
- * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations, int8
- * weights with one float32 scale per row (and optionally their exact 4-bit form), caches [slots, KVH, D] with unit inner stride,
- * int64 slots, tables and lengths, and B sequences each at the token whose K/V goes to
+ * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations; each
+ * weight int8 with one float32 scale per row, or in a file's 4-bit form with its float copy;
+ * caches [slots, KVH, D] with unit inner stride, int64 slots, tables and lengths, and B sequences each at the token whose K/V goes to
  * slots[b] and whose context is then lens[b] long.
  */
 #include <stdint.h>
@@ -18,23 +18,25 @@
 
 #include "decode_ops.h"
 
+/* one projection in the forms it has: int8 (q, panels, scale; NULL: none), the file's 4-bit
+ * form (qs, d16, m16; q4_ops.c) for steps of up to small_rows rows, and the float weight */
 typedef struct {
     const int8_t *q;
-    const int8_t *panels; /* the same weight in panels (decode_ops.c); NULL: rows only */
+    const int8_t *panels; /* the int8 weight in panels (decode_ops.c); NULL: rows only */
     const float *scale;
     const float *bias; /* NULL: none */
     int64_t n, k;
-    /* the weight's 4-bit form (q4_ops.c), run for steps of up to small_rows rows; NULL: none */
     const uint8_t *qs;
     const uint16_t *d16, *m16;
     int64_t small_rows;
-} Int8Matrix;
+    const float *dense; /* [n, k]: read only by a 4-bit weight's larger steps */
+} Matrix;
 
 typedef struct {
     int64_t hidden, heads, kv_heads, head_dim, inter;
     float eps, attn_scale;
     const float *input_norm, *post_norm;
-    Int8Matrix qkv, o_proj, gate_up, down;
+    Matrix qkv, o_proj, gate_up, down;
 } LayerWeights;
 
 typedef struct {
@@ -51,9 +53,11 @@ typedef struct {
  * (kernels.cpu_ops.PANEL_MIN_ROWS). */
 #define PANEL_MIN_ROWS 32
 
-static void matmul_for(const Int8Matrix *m, const float *x, int64_t B, float *y) {
+static void matmul_for(const Matrix *m, const float *x, int64_t B, float *y) {
     if (m->qs && B <= m->small_rows)
         q4_rows_for(x, B, m->k, m->qs, m->d16, m->m16, m->bias, m->n, m->k, y, m->n);
+    else if (!m->q) /* a 4-bit weight above its crossover: the same weights in float */
+        f32_rows_for(x, B, m->k, m->dense, m->bias, m->n, m->k, y, m->n);
     else if (m->panels && B >= PANEL_MIN_ROWS)
         int8_panels_for(x, B, m->k, m->panels, m->scale, m->bias, m->n, m->k, y, m->n);
     else

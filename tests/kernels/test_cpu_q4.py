@@ -1,7 +1,8 @@
 """The 4-bit CPU kernel (kernels/cpu/q4_ops.c) and its weight format (Int4Weight): a GGUF
 Q4_1 matrix is held exactly, and the kernel multiplies by exactly those weights, in its
 AVX-512 build and in its AVX2 one, over every tile and tail (rows not a multiple of four,
-tokens not a multiple of four, one block or many, a bias, a strided input)."""
+tokens not a multiple of four, one block or many, a bias, a strided input); and the float
+GEMM (kernels/cpu/f32_ops.c) that runs the same weights' larger steps."""
 from __future__ import annotations
 
 import os
@@ -57,6 +58,16 @@ def test_int4_linear_multiplies_by_the_dequantized_weight(rows, n, k, with_bias)
     torch.testing.assert_close(got, F.linear(x, p.dequantized(), bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 8, 13, 33, 64])
+@pytest.mark.parametrize("n,k", [(5, 20), (13, 64), (70, 100), (576, 1536)], ids=str)
+def test_f32_linear_equals_torch(rows, n, k):
+    g = torch.Generator().manual_seed(rows * 10 + n)
+    w, bias = torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    x = torch.randn(rows, k + 3, generator=g)[:, 1:1 + k]
+    torch.testing.assert_close(cpu_ops.f32_linear(x, w, bias), F.linear(x, w, bias),
+                               rtol=1e-4, atol=1e-4)
+
+
 AVX2_CHECK = """
 import torch, torch.nn.functional as F
 from kernels import cpu_build, cpu_ops
@@ -70,6 +81,9 @@ for rows in (1, 3, 4, 6):
         x = torch.randn(rows, k)
         torch.testing.assert_close(cpu_ops.int4_linear(x, p.qs, p.d, p.m, None),
                                    F.linear(x, p.dequantized()), rtol=1e-5, atol=1e-5)
+        w, x = torch.randn(n, k + 3)[:, :k].contiguous(), torch.randn(rows * 3, k)
+        torch.testing.assert_close(cpu_ops.f32_linear(x, w), F.linear(x, w), rtol=1e-4,
+                                   atol=1e-4)
 print("ok")
 """
 

@@ -10,7 +10,7 @@ import torch
 
 import kernels
 from kernels import cpu_build, cpu_ops
-from kernels.cpu_layer import FusedDecoder
+from kernels.cpu_layer import F32_MAX_ROWS, FusedDecoder
 from runtime.sampling_params import SamplingParams
 from tests.q4_weights import snapped_to_q4_1
 
@@ -143,6 +143,22 @@ def test_4bit_fused_steps_give_the_op_by_op_tokens_and_logprobs(make_4bit_engine
         for a, b in zip(got[key][1], logprobs):
             assert a.token_id == b.token_id
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+def test_4bit_steps_above_the_crossover_run_the_float_copy_fused(make_4bit_engine,
+                                                                  monkeypatch):
+    """With the 4-bit form only up to one row, the fused layer runs larger decode steps from
+    the float copy of the same weights (f32_ops.c), and the tokens are the op-by-op engine's
+    (F.linear on that copy)."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    plain = make_4bit_engine(fused=False, quant_max_rows=1)
+    prompts = [plain.tokenizer.encode(t) for t in PROMPTS]
+    expected = plain.generate(prompts, params)
+    eng = make_4bit_engine(fused=True, quant_max_rows=1)
+    assert eng.runner.model.fused.max_rows == F32_MAX_ROWS
+    sizes = fused_batch_sizes(eng, monkeypatch)
+    assert eng.generate(prompts, params) == expected
+    assert max(sizes) == len(PROMPTS)
 
 
 def test_steps_larger_than_the_int8_crossover_run_op_by_op(make_tiny_engine, monkeypatch):

@@ -89,14 +89,14 @@ def test_linear_takes_the_quantized_kernel_up_to_its_crossover():
     assert Linear(w).max_quant_rows == 0  # a float Linear never asks for a packed weight
 
 
-def test_a_4bit_linear_runs_4bit_then_int8_then_float():
+def test_a_4bit_linear_runs_its_4bit_form_then_the_same_weights_in_float():
     w = q4_1_weight(64, 32)
-    small, packed = Int4Weight(w), Int8Weight(w)
-    lin = Linear(packed.dequantized(), None, packed, 8, small, 2)
-    x = torch.randn(9, 32)
+    small = Int4Weight(w)
+    lin = Linear(w, None, small=small, max_small_rows=2)
+    x = torch.randn(3, 32)
     assert torch.equal(lin(x[:2]), small.matmul(x[:2]))
-    assert torch.equal(lin(x[:8]), packed.matmul(x[:8]))
-    assert torch.equal(lin(x), F.linear(x, packed.dequantized()))
+    assert torch.equal(lin(x), F.linear(x, w))
+    torch.testing.assert_close(lin(x[:2]), lin(x)[:2], rtol=1e-5, atol=1e-6)
 
 
 def test_the_crossover_is_measured_once_and_cached(tmp_path, monkeypatch):
@@ -283,13 +283,17 @@ def smollm_int4(smollm_checkpoint):
 @pytest.mark.skipif(not kernels.cpu_ops_take(torch.float32), reason="no compiled CPU ops")
 def test_smollm_4bit_path_multiplies_by_the_files_own_weights(smollm_int4, hf_smollm):
     """auto serves SmolLM2's Q4_1 matrices in their own 4-bit form (exactly: the 4-bit path
-    is transformers on the file's weights, to float32 rounding, token for token), and its Q8_0
-    embedding, which 4 bits cannot hold, as int8 (so transformers gets our head here)."""
+    is transformers on the file's weights, to float32 rounding, token for token) with the
+    file's float weights for larger steps, and its Q8_0 embedding, which 4 bits cannot hold,
+    as int8 (so transformers gets our head here)."""
     model = smollm_int4.runner.model
     assert model.quantization == "int4"
+    hf_layer = hf_smollm.model.layers[0]
+    assert torch.equal(model.layers[0].o_proj.weight, hf_layer.self_attn.o_proj.weight)
     for layer in model.layers:
         for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
             assert lin.small is not None and lin.small.exact and lin.max_small_rows == 10_000
+            assert lin.packed is None
     assert model.lm_head.small is None and model.lm_head.packed.kind == "int8"
     hf = copy.deepcopy(hf_smollm)
     with torch.no_grad():
