@@ -85,9 +85,10 @@ class Int4Weight:
     block: a GGUF Q4_1 block's own form (16 bytes of nibbles, two float16 numbers), read by
     the compiled CPU kernel (kernels/cpu/q4_ops.c) on float32 activations.
 
-    Built from float weights by taking each block's min as m and (max - min) / 15 as d. For a
+    Built from float weights by taking each block's min as m and (max - min) / 15 as d: for a
     file's Q4_1 matrix (llama.cpp's quantizer uses both 0 and 15 in every block) that recovers
-    the file's q, d and m exactly, and `exact` says so: the kernel then multiplies by the
+    the file's q, d and m exactly. A Q4_0 block (d * (q - 8)) is recovered from its largest
+    weight instead. `exact` says whether every block was: the kernel then multiplies by the
     file's own weights. Anything else is rounded to 4 bits (`exact` False)."""
 
     kind = "int4"
@@ -98,15 +99,29 @@ class Int4Weight:
             raise QuantizationError(f"int4 needs input sizes divisible by {INT4_GROUP}, "
                                     f"not {k}")
         g = weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
+        # Q4_1 blocks span min..max in 15 steps; Q4_0 blocks are d * (q - 8) with the largest
+        # |w| at q = 0, i.e. m = that weight and d = -m / 8. Each block takes the first form
+        # that reproduces it exactly, else the min..max rounding.
         lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-        self.d = ((hi - lo) / 15.0).half()
-        self.m = lo.half()
-        d, m = self.d.float()[..., None], self.m.float()[..., None]
-        q = ((g - m) / torch.where(d > 0, d, 1.0)).round().clamp(0, 15).to(torch.uint8)
-        self.exact = bool(torch.equal(q * d + m, g))
+        top = g.gather(-1, g.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
+        d1, m1 = ((hi - lo) / 15.0).half(), lo.half()
+        d0, m0 = (-top / 8.0).half(), top.half()
+        q1, fits1 = self._codes(g, d1, m1)
+        q0, fits0 = self._codes(g, d0, m0)
+        use0 = fits0 & ~fits1
+        self.d, self.m = torch.where(use0, d0, d1), torch.where(use0, m0, m1)
+        q = torch.where(use0[..., None], q0, q1)
+        self.exact = bool((fits1 | fits0).all())
         # byte j of a block: input j in the low nibble, input j + 16 in the high one
         self.qs = (q[..., :16] | (q[..., 16:] << 4)).contiguous()
         self.shape = (n, k)
+
+    @staticmethod
+    def _codes(g: torch.Tensor, d16: torch.Tensor, m16: torch.Tensor):
+        """The nearest codes of each block under (d, m), and which blocks they reproduce."""
+        d, m = d16.float()[..., None], m16.float()[..., None]
+        q = ((g - m) / torch.where(d != 0, d, 1.0)).round().clamp(0, 15).to(torch.uint8)
+        return q, (q * d + m == g).all(dim=-1)
 
     def codes(self) -> torch.Tensor:
         """The 4-bit values, [N, K / 32, 32] in input order."""

@@ -98,3 +98,20 @@ def test_the_avx2_build_computes_the_same(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
     assert list(tmp_path.rglob("decode_ops-*.so"))  # a build of its own, not the cached one
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_gguf_quantizers_output_is_held_exactly(kind):
+    """What the gguf package's own quantizers write (llama.cpp's reference algorithms), read
+    back as the loader does, is held exactly: Q4_1 from each block's range, Q4_0 from its
+    largest weight."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    w = torch.randn(24, 128, generator=torch.Generator().manual_seed(7)).numpy()
+    t = GGMLQuantizationType[kind]
+    file_weights = torch.from_numpy(dequantize(quantize(w, t), t).copy())
+    p = Int4Weight(file_weights)
+    assert p.exact and torch.equal(p.dequantized(), file_weights)
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(cpu_ops.int4_linear(x, p.qs, p.d, p.m, None),
+                               F.linear(x, file_weights), rtol=1e-5, atol=1e-5)
