@@ -231,6 +231,7 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
     "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
-    "decode_slots", "prefill_plan", "int8_matmul", "int4_matmul", "int8_kernel", "use_cpu_ops", "fused_decoder",
+    "decode_slots", "prefill_plan", "int8_matmul", "int4_matmul", "int8_kernel", "use_cpu_ops",
+    "fused_decoder",
     "FORCE_REFERENCE", "FORCE_TRITON", "NO_FUSED_LAYER", "HAS_TRITON", "use_triton",
 ]

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_build, cpu_ops
-from runtime.quantization import QuantizationError, Int4Weight
+from runtime.quantization import Int4Weight, QuantizationError
 from tests.q4_weights import q4_1_weight
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),

@@ -236,15 +236,20 @@ def test_smollm_int8_serves_exactly_its_dequantized_weights(smollm_int8_float_co
                                                             hf_on_our_int8_weights):
     """Large steps multiply by the float copy: transformers on the same weights agrees to
     float32 rounding and token for token."""
-    engine = smollm_int8_float_copy
+    assert_agrees_with(smollm_int8_float_copy, hf_on_our_int8_weights)
+
+
+def assert_agrees_with(engine, hf) -> None:
+    """The engine's prompt logits within float32 rounding of transformers', and its greedy
+    tokens the same, on every prompt."""
     ids = [engine.tokenizer.encode(t) for t in PROMPTS]
     with torch.no_grad():
         for p in ids:
-            ref = hf_on_our_int8_weights(torch.tensor([p])).logits[0]
+            ref = hf(torch.tensor([p])).logits[0]
             assert relative_error(engine.prompt_logits(p), ref) < 1e-3
     ours = engine.generate(ids, SamplingParams(max_tokens=32, temperature=0.0))
     for p, o in zip(ids, ours):
-        assert o == hf_greedy(hf_on_our_int8_weights, p, 32)
+        assert o == hf_greedy(hf, p, 32)
 
 
 @pytest.mark.model
@@ -298,11 +303,4 @@ def test_smollm_4bit_path_multiplies_by_the_files_own_weights(smollm_int4, hf_sm
     hf = copy.deepcopy(hf_smollm)
     with torch.no_grad():
         hf.model.embed_tokens.weight.copy_(model.embed)  # tied: the head too
-    ids = [smollm_int4.tokenizer.encode(t) for t in PROMPTS]
-    with torch.no_grad():
-        for p in ids:
-            ref = hf(torch.tensor([p])).logits[0]
-            assert relative_error(smollm_int4.prompt_logits(p), ref) < 1e-3
-    ours = smollm_int4.generate(ids, SamplingParams(max_tokens=32, temperature=0.0))
-    for p, o in zip(ids, ours):
-        assert o == hf_greedy(hf, p, 32)
+    assert_agrees_with(smollm_int4, hf)
