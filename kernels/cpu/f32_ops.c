@@ -57,13 +57,9 @@ INLINE void tile(const float *x, int64_t ldx, const float *w, int64_t K, int nr,
         }
 }
 
-static void f32_row_group(const float *x, int64_t T, int64_t ldx, const float *w,
-                          const float *bias, int64_t n, int nr, int64_t N, int64_t K, float *y,
-                          int64_t ldy) {
-    const float *wn = w + n * K;
-    if (n + ROWS < N) /* the next group, fetched while this one computes */
-        for (int64_t off = 0; off < ROWS * K; off += 16)
-            _mm_prefetch((const char *)(wn + ROWS * K + off), _MM_HINT_T1);
+/* rows [0, nr) of w (row-major, K floats each) against every token: y[t][i] (+ bias[i]) */
+void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int nr, int64_t K,
+                     const float *bias, float *y, int64_t ldy) {
     float out[ROWS][TOKENS];
     /* balanced token tiles (8 tokens as 4 + 4, not 6 + 2) */
     int64_t tiles = (T + TOKENS - 1) / TOKENS, height = (T + tiles - 1) / tiles;
@@ -75,16 +71,16 @@ static void f32_row_group(const float *x, int64_t T, int64_t ldx, const float *w
             /* constant tile shapes, so the accumulators stay in registers */
 #define TILE(R)                                                                                \
     switch (tr) {                                                                              \
-    case 1: tile(xt, ldx, wn + r * K, K, R, 1, out); break;                                    \
-    case 2: tile(xt, ldx, wn + r * K, K, R, 2, out); break;                                    \
-    case 3: tile(xt, ldx, wn + r * K, K, R, 3, out); break;                                    \
+    case 1: tile(xt, ldx, w + r * K, K, R, 1, out); break;                                     \
+    case 2: tile(xt, ldx, w + r * K, K, R, 2, out); break;                                     \
+    case 3: tile(xt, ldx, w + r * K, K, R, 3, out); break;                                     \
     TOKEN_CASES(R)                                                                             \
     }
 #ifdef __AVX512F__
 #define TOKEN_CASES(R)                                                                         \
-    case 4: tile(xt, ldx, wn + r * K, K, R, 4, out); break;                                    \
-    case 5: tile(xt, ldx, wn + r * K, K, R, 5, out); break;                                    \
-    default: tile(xt, ldx, wn + r * K, K, R, 6, out);
+    case 4: tile(xt, ldx, w + r * K, K, R, 4, out); break;                                     \
+    case 5: tile(xt, ldx, w + r * K, K, R, 5, out); break;                                     \
+    default: tile(xt, ldx, w + r * K, K, R, 6, out);
 #else
 #define TOKEN_CASES(R)
 #endif
@@ -97,9 +93,19 @@ static void f32_row_group(const float *x, int64_t T, int64_t ldx, const float *w
 #undef TOKEN_CASES
             for (int i = 0; i < rows; i++)
                 for (int j = 0; j < tr; j++)
-                    y[(t + j) * ldy + n + r + i] = out[i][j] + (bias ? bias[n + r + i] : 0.0f);
+                    y[(t + j) * ldy + r + i] = out[i][j] + (bias ? bias[r + i] : 0.0f);
         }
     }
+}
+
+static void f32_row_group(const float *x, int64_t T, int64_t ldx, const float *w,
+                          const float *bias, int64_t n, int nr, int64_t N, int64_t K, float *y,
+                          int64_t ldy) {
+    const float *wn = w + n * K;
+    if (n + ROWS < N) /* the next group, fetched while this one computes */
+        for (int64_t off = 0; off < ROWS * K; off += 16)
+            _mm_prefetch((const char *)(wn + ROWS * K + off), _MM_HINT_T1);
+    f32_group_tiles(x, T, ldx, wn, nr, K, bias ? bias + n : NULL, y + n, ldy);
 }
 
 void f32_rows_for(const float *x, int64_t T, int64_t ldx, const float *w, const float *bias,

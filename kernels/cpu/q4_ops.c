@@ -27,6 +27,7 @@ typedef __m512 vf;
 #define VW 16
 #define vzero() _mm512_setzero_ps()
 #define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, v) _mm512_storeu_ps(p, v)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vadd(a, b) _mm512_add_ps(a, b)
 #define vset1(f) _mm512_set1_ps(f)
@@ -36,6 +37,7 @@ typedef __m256 vf;
 #define VW 8
 #define vzero() _mm256_setzero_ps()
 #define vload(p) _mm256_loadu_ps(p)
+#define vstore(p, v) _mm256_storeu_ps(p, v)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vadd(a, b) _mm256_add_ps(a, b)
 #define vset1(f) _mm256_set1_ps(f)
@@ -45,6 +47,9 @@ typedef __m256 vf;
 #define NV (Q4_BLOCK / VW) /* vectors per block */
 #define ROWS 4             /* weight rows per group */
 #define TOKENS 4           /* tokens per tile */
+/* above this many tokens a group is dequantized once and multiplied by float tiles: each
+ * weight is then unpacked once per call, not once per four tokens */
+#define DEQUANT_TOKENS 8
 
 /* one block of one row as NV float vectors, in input order */
 INLINE void dequant(const uint8_t *qs, float d, float m, vf w[NV]) {
@@ -122,6 +127,18 @@ static void q4_row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *
     float ds[ROWS * kb], ms[ROWS * kb];
     halves(d16 + n * kb, ds, nr * kb);
     halves(m16 + n * kb, ms, nr * kb);
+    if (T > DEQUANT_TOKENS && K <= 8192) {
+        /* many tokens: the group's rows dequantized once into L1, then the float tiles */
+        float w[ROWS * K];
+        for (int i = 0; i < nr; i++)
+            for (int64_t b = 0; b < kb; b++) {
+                vf v[NV];
+                dequant(q + (i * kb + b) * 16, ds[i * kb + b], ms[i * kb + b], v);
+                for (int j = 0; j < NV; j++) vstore(w + i * K + b * Q4_BLOCK + j * VW, v[j]);
+            }
+        f32_group_tiles(x, T, ldx, w, nr, K, bias ? bias + n : NULL, y + n, ldy);
+        return;
+    }
     float out[ROWS][TOKENS];
     for (int64_t t = 0; t < T; t += TOKENS) {
         int tr = T - t < TOKENS ? (int)(T - t) : TOKENS;

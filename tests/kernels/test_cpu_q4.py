@@ -45,7 +45,7 @@ def test_input_sizes_not_in_blocks_are_refused():
         Int4Weight(torch.randn(8, 40))
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 9, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 37])
 @pytest.mark.parametrize("n,k", [(5, 32), (13, 64), (64, 96), (576, 1536)], ids=str)
 @pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "bias"])
 def test_int4_linear_multiplies_by_the_dequantized_weight(rows, n, k, with_bias):
@@ -75,7 +75,7 @@ from runtime.quantization import Int4Weight
 from tests.q4_weights import q4_1_weight
 assert cpu_build.isa() == "avx2" and "-mavx512f" not in cpu_build.flags()
 assert cpu_ops.available(), cpu_build.unavailable_reason()
-for rows in (1, 3, 4, 6):
+for rows in (1, 3, 4, 6, 9, 13):
     for n, k in ((5, 32), (13, 64), (70, 576)):
         p = Int4Weight(q4_1_weight(n, k, seed=rows))
         x = torch.randn(rows, k)
