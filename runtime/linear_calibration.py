@@ -28,8 +28,11 @@ import torch.nn.functional as F
 import kernels
 from runtime.quantization import Int4Weight, Int8Weight
 
-ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-FORMAT_VERSION = 4  # 2: timed with cold caches; 3: keyed by the int8 kernel; 4: C int4
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+# a kernel that wins at every size tried runs at every size (the 4-bit kernel beat float32
+# `F.linear` up to 512-row prefill chunks: 263 against 170 GFLOP/s, docs/perf.md)
+EVERY_SIZE = 1 << 30
+FORMAT_VERSION = 5  # 2: cold caches; 3: keyed by the int8 kernel; 4: C int4; 5: to 512 rows
 EVICT_BYTES = 64 << 20  # more than any last-level cache of these machines
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,8 @@ def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, weight: torch.Tensor, 
 
 def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor,
             ratio=quant_to_dense_ratio) -> int:
-    """The largest row count in ROWS at which `packed` beats float32, 0 if none; the counts
+    """The largest row count in ROWS at which `packed` beats float32, 0 if none, EVERY_SIZE if
+    it wins at all of them; the counts
     are tried in order and the search stops at the first loss (the gap only widens) that a
     second measurement confirms. One noisy loss must not stop it early: with the C kernels the
     fused decode layer runs only up to the smallest crossover of all shapes, so a single
@@ -100,9 +104,9 @@ def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor,
     for rows in ROWS:
         if ratio(packed, weight, rows, evict=evict) >= 1.0 \
                 and ratio(packed, weight, rows, evict=evict) >= 1.0:
-            break
+            return best
         best = rows
-    return best
+    return EVERY_SIZE
 
 
 def machine_busy() -> bool:

@@ -147,6 +147,16 @@ def test_one_noisy_loss_does_not_end_the_crossover_search():
     assert calls[64] == 2 and calls[16] == 2 and calls[8] == 1
 
 
+def test_a_kernel_that_wins_at_every_size_tried_runs_at_every_size():
+    from runtime.linear_calibration import EVERY_SIZE, ROWS, measure
+    weight = torch.randn(8, 32)
+    always = measure(Int8Weight(weight), weight, ratio=lambda *a, **k: 0.5)
+    assert always == EVERY_SIZE > 10 * ROWS[-1]
+    lin = Linear(weight, None, small=Int4Weight(q4_1_weight(8, 32)), max_small_rows=always)
+    x = torch.randn(2 * ROWS[-1], 32)
+    assert torch.equal(lin(x), lin.small.matmul(x))  # a prefill chunk too
+
+
 def test_a_measurement_on_a_busy_machine_is_not_saved(tmp_path, monkeypatch):
     monkeypatch.setattr("runtime.linear_calibration.machine_busy", lambda: True)
     cal = Calibration(str(tmp_path))
