@@ -123,12 +123,12 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     return y if bias is None else y + bias
 
 
-def int4_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] times a 4-bit weight (runtime.quantization.Int4Weight: nibbles, float16 d and
-    m per 32 inputs): the C kernel on float32 activations, else the float matmul of its
+def block_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] times a weight in a GGUF's own blocks (runtime.quantization's Int4Weight or
+    Int8BlockWeight): the C kernel on float32 activations, else the float matmul of its
     dequantization (the same products, slowly)."""
     if use_cpu_ops(x):
-        return cpu_ops.int4_linear(x, weight.qs, weight.d, weight.m, bias)
+        return cpu_ops.block_linear(x, weight.qs, weight.bits, weight.d, weight.m, bias)
     return F.linear(x, weight.dequantized().to(x.dtype), bias)
 
 
@@ -231,7 +231,7 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
     "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
-    "decode_slots", "prefill_plan", "int8_matmul", "int4_matmul", "int8_kernel", "use_cpu_ops",
+    "decode_slots", "prefill_plan", "int8_matmul", "block_matmul", "int8_kernel", "use_cpu_ops",
     "fused_decoder",
     "FORCE_REFERENCE", "FORCE_TRITON", "NO_FUSED_LAYER", "HAS_TRITON", "use_triton",
 ]

@@ -1,6 +1,6 @@
 """The fused CPU decode layer (kernels/cpu/decode_layer.c): what it reads, and when it runs.
 
-A model whose every projection is int8, or a file's 4-bit form with its float copy (int4), on
+A model whose every projection is int8, or a file's own blocks with its float copy (int4), on
 the compiled ops gets a `FusedDecoder`. For a step of decodes only, float32, no larger than
 every projection's limit (its int8 crossover, runtime/linear.py; `F32_MAX_ROWS` for int4), it
 runs each layer as one C call instead of ten ops; any other step (prefill or extend
@@ -21,7 +21,8 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 class Matrix(ctypes.Structure):
     _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I),
-                ("qs", _P), ("d16", _P), ("m16", _P), ("small_rows", _I), ("dense", _P)]
+                ("qs", _P), ("d16", _P), ("m16", _P), ("bits", _I), ("small_rows", _I),
+                ("dense", _P)]
 
 
 class LayerWeights(ctypes.Structure):
@@ -37,13 +38,13 @@ class StepCache(ctypes.Structure):
                 ("lens", _P), ("table_stride", _I), ("page", _I)]
 
 
-# a 4-bit weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
+# a block weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
 # (every decode-only step the default 64-sequence batch makes), op by op beyond
 F32_MAX_ROWS = 128
 
 
 def _matrix(linear) -> Matrix | None:
-    """The C view of a Linear: its int8 form, or the file's 4-bit form with the float copy;
+    """The C view of a Linear: its int8 form, or the file's own blocks with the float copy;
     None for a float-only weight."""
     packed, small = linear.packed, linear.small
     if getattr(packed, "kind", None) != "int8":
@@ -52,15 +53,16 @@ def _matrix(linear) -> Matrix | None:
         return None
     int8 = (None, None, None) if packed is None else (
         packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr())
-    four_bit = (None, None, None, 0) if small is None else (
-        small.qs.data_ptr(), small.d.data_ptr(), small.m.data_ptr(), linear.max_small_rows)
+    blocks = (None, None, None, 0, 0) if small is None else (
+        small.qs.data_ptr(), small.d.data_ptr(), None if small.m is None else small.m.data_ptr(),
+        small.bits, linear.max_small_rows)
     bias = None if linear.bias is None else linear.bias.data_ptr()
-    return Matrix(*int8, bias, *linear.shape, *four_bit, linear.weight.data_ptr())
+    return Matrix(*int8, bias, *linear.shape, *blocks, linear.weight.data_ptr())
 
 
 def _max_rows(linear) -> int:
     """Up to how many rows the fused layer runs this weight: its int8 crossover, or for a
-    4-bit weight (no int8 form) what the float kernel covers."""
+    block weight (no int8 form) what the float kernel covers."""
     return linear.max_quant_rows if linear.packed is not None else F32_MAX_ROWS
 
 

@@ -18,7 +18,7 @@ _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _SIGNATURES = {
     "is_int8_linear": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_int8_linear_panels": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
-    "is_q4_linear": ([_P, _I, _I, _P, _P, _P, _P, _I, _I, _P, _I, _C], None),
+    "is_block_linear": ([_P, _I, _I, _P, _C, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_f32_linear": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _C], None),
     "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
     "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),
@@ -97,23 +97,25 @@ def int8_linear_panels(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tenso
     return y
 
 
-def int4_linear(x: torch.Tensor, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] float32 times the 4-bit weight (qs [N, K/32, 16] uint8, float16 d, m
-    [N, K/32]: runtime.quantization.Int4Weight) + bias [N]."""
+def block_linear(x: torch.Tensor, qs: torch.Tensor, bits: int, d: torch.Tensor,
+                 m: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] float32 times a weight in a GGUF's blocks of 32 inputs (runtime.quantization:
+    4 bits, `Int4Weight`: qs [N, K/32, 16] nibbles and float16 d, m [N, K/32]; 8 bits,
+    `Int8BlockWeight`: qs [N, K/32, 32] int8 and float16 d) + bias [N]."""
     x = _rows(x)
     n, k = qs.shape[0], qs.shape[1] * 32
     y = torch.empty(x.shape[0], n, dtype=torch.float32)
-    _lib.q4_linear(x.data_ptr(), x.shape[0], x.stride(0), qs.data_ptr(), d.data_ptr(),
-                   m.data_ptr(), None if bias is None else bias.data_ptr(), n, k, y.data_ptr(),
-                   n, torch.get_num_threads())
+    _lib.block_linear(x.data_ptr(), x.shape[0], x.stride(0), qs.data_ptr(), bits, d.data_ptr(),
+                      None if m is None else m.data_ptr(),
+                      None if bias is None else bias.data_ptr(), n, k, y.data_ptr(), n,
+                      torch.get_num_threads())
     return y
 
 
 def f32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
     """x [T, K] float32 times the float32 weight w [N, K] (unit inner stride) + bias [N]: the
-    fused layer's GEMM for a 4-bit model's larger steps, exposed for its tests."""
+    fused layer's GEMM for a block-quantized model's larger steps, exposed for its tests."""
     x = _rows(x)
     n, k = w.shape
     y = torch.empty(x.shape[0], n, dtype=torch.float32)

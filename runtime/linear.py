@@ -9,16 +9,17 @@ its exact float dequantization for larger ones (runtime/quantization.py explains
 agree up to the activations' rounding). The crossover is measured per weight shape at start
 (runtime/linear_calibration.py).
 
-With int4, a weight the GGUF file holds in 4 bits keeps that form instead (`small`,
-runtime/quantization.py `Int4Weight`) for steps of up to `max_small_rows` rows, and its float
-copy is the file's own weights: every batch size multiplies by the same values.
+With int4, a weight keeps the block form the GGUF file holds it in instead (`small`,
+runtime/quantization.py: 4-bit `Int4Weight` or 8-bit `Int8BlockWeight`) for steps of up to
+`max_small_rows` rows, and its float copy is the file's own weights: every batch size
+multiplies by the same values.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from runtime.quantization import Int4Weight, Int8Weight
+from runtime.quantization import BlockWeight, Int4Weight, Int8Weight
 
 
 class Linear:
@@ -26,7 +27,7 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  packed: Int8Weight | Int4Weight | None = None, max_quant_rows: int = 0,
-                 small: Int4Weight | None = None, max_small_rows: int = 0):
+                 small: BlockWeight | None = None, max_small_rows: int = 0):
         self.weight = weight  # float, [N, K]: the large-step path (and the reference)
         self.bias = bias
         self.packed = packed

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from runtime.quantization import Int4Weight, Int8Weight
+from runtime.quantization import BlockWeight, Int8Weight
 
 ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 # a kernel that wins at every size tried runs at every size (the 4-bit kernel beat float32
@@ -51,7 +51,8 @@ def _cpu_name() -> str:
 def cache_key(kind: str, shape: tuple[int, int]) -> str:
     """CPU, torch build, threads, format, shape and the kernel that runs it (the compiled
     decode ops or torch's, kernels.int8_kernel): a change in any of them measures afresh."""
-    kernel = kernels.int8_kernel(torch.float32) if kind in ("int8", "int4") else "torch"
+    kernel = kernels.int8_kernel(torch.float32) if kind in ("int8", "int4", "int8-block") \
+        else "torch"
     return (f"v{FORMAT_VERSION}|{_cpu_name()}|{torch.__version__}|"
             f"{torch.backends.cpu.get_cpu_capability()}|threads={torch.get_num_threads()}|"
             f"{kind}/{kernel}|{shape[0]}x{shape[1]}")
@@ -78,7 +79,7 @@ def _seconds(fn, evict: ColdCache) -> float:
     return time.perf_counter() - t
 
 
-def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, weight: torch.Tensor, rows: int,
+def quant_to_dense_ratio(packed: Int8Weight | BlockWeight, weight: torch.Tensor, rows: int,
                          repeats: int = 7, evict: ColdCache | None = None) -> float:
     """Median over pairs of (quantized time / float time), each from cold caches, the two
     run back to back so that a neighbour's burst slows both of a pair alike instead of
@@ -91,7 +92,7 @@ def quant_to_dense_ratio(packed: Int8Weight | Int4Weight, weight: torch.Tensor, 
     return ratios[len(ratios) // 2]
 
 
-def measure(packed: Int8Weight | Int4Weight, weight: torch.Tensor,
+def measure(packed: Int8Weight | BlockWeight, weight: torch.Tensor,
             ratio=quant_to_dense_ratio) -> int:
     """The largest row count in ROWS at which `packed` beats float32, 0 if none, EVERY_SIZE if
     it wins at all of them; the counts
@@ -129,7 +130,7 @@ class Calibration:
         self.seconds = 0.0
 
     def max_quant_rows(self, kind: str, weight: torch.Tensor,
-                       packed: Int8Weight | Int4Weight) -> int:
+                       packed: Int8Weight | BlockWeight) -> int:
         key = cache_key(kind, tuple(weight.shape))  # type: ignore[arg-type]
         if key not in self.table:
             start = time.perf_counter()

@@ -16,7 +16,13 @@ from runtime.attention import AttentionMetadata, PagedAttention
 from runtime.config import ModelConfig
 from runtime.linear import Linear
 from runtime.linear_calibration import Calibration
-from runtime.quantization import INT4_GROUP, Int4Weight, Int8Weight
+from runtime.quantization import (
+    INT4_GROUP,
+    BlockWeight,
+    Int4Weight,
+    Int8BlockWeight,
+    Int8Weight,
+)
 
 
 class LinearMaker:
@@ -34,10 +40,10 @@ class LinearMaker:
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
         if self.quantization == "none":
             return Linear(weight.contiguous(), bias)
-        small = self._exact_4bit(weight)
-        if small is not None:  # int4: the file's 4-bit form, and the same weights in float
+        small = self._exact_blocks(weight)
+        if small is not None:  # int4: the file's own blocks, and the same weights in float
             dense = weight.to(self.dtype).contiguous()
-            rows = self._crossover("int4", dense, small)
+            rows = self._crossover(small.kind, dense, small)
             self.packed_bytes += small.nbytes
             return Linear(dense, bias, small=small, max_small_rows=rows)
         packed = Int8Weight(weight)
@@ -45,20 +51,23 @@ class LinearMaker:
         dense = packed.dequantized().to(self.dtype).contiguous()
         return Linear(dense, bias, packed, self._crossover("int8", dense, packed))
 
-    def _crossover(self, kind: str, dense: torch.Tensor, packed: Int8Weight | Int4Weight) -> int:
+    def _crossover(self, kind: str, dense: torch.Tensor, packed: Int8Weight | BlockWeight) -> int:
         if self.max_quant_rows is not None:
             return self.max_quant_rows
         return self.calibration.max_quant_rows(kind, dense, packed)
 
-    def _exact_4bit(self, weight: torch.Tensor) -> Int4Weight | None:
-        """With int4, a weight the file holds in 4 bits (where the C kernel runs it); a weight
-        4 bits cannot hold exactly (a Q8_0 embedding, a float checkpoint) goes int8 instead:
-        nothing is rounded to 4 bits."""
+    def _exact_blocks(self, weight: torch.Tensor) -> BlockWeight | None:
+        """With int4, a weight in the block form the file holds it in (4-bit, else 8-bit),
+        where the C kernel runs it; a weight neither form holds exactly (a float checkpoint's)
+        goes int8 per row instead: nothing is rounded to fit a block."""
         if self.quantization != "int4" or weight.shape[1] % INT4_GROUP \
                 or not kernels.cpu_ops_take(self.dtype) or weight.device.type != "cpu":
             return None
-        small = Int4Weight(weight)
-        return small if small.exact else None
+        for form in (Int4Weight, Int8BlockWeight):
+            small = form(weight)
+            if small.exact:
+                return small
+        return None
 
 
 class DecoderLayer:

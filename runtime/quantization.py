@@ -6,11 +6,13 @@ are missing. The scales are rounded to bfloat16 and `dequantized()` uses the sam
 the float copy the runtime keeps for large batches (runtime/linear.py) holds exactly the
 weights the kernel multiplies by.
 
-int4 is a GGUF Q4_1 block's own form (`Int4Weight`: per 32 inputs, 16 bytes of nibbles and
-float16 d, m; w = q * d + m), multiplied by the compiled kernel (kernels/cpu/q4_ops.c) on
-float32 activations. It is served only for weights that it holds exactly (a file's Q4_1
-matrices): the smallest steps then read 0.625 of the int8 bytes and multiply by the file's
-own weights, while larger steps use the int8 and float forms above.
+int4 serves a GGUF's own blocks: `Int4Weight` (a Q4_1 block's form: per 32 inputs, 16 bytes
+of nibbles and float16 d, m; w = q * d + m; Q4_0 blocks fit it too) and `Int8BlockWeight` (a
+Q8_0 block's: 32 int8 and a float16 d), multiplied by the compiled kernel
+(kernels/cpu/block_ops.c) on float32 activations. A weight takes a block form only where the
+form holds it exactly, so the model multiplies by the file's own weights at every batch size:
+its block form for steps up to a crossover (a batch-1 step of a Q4_1 matrix reads 0.625 of the
+int8 bytes), the same values in float above.
 """
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ class Int4Weight:
     file's own weights. Anything else is rounded to 4 bits (`exact` False)."""
 
     kind = "int4"
+    bits = 4
 
     def __init__(self, weight: torch.Tensor):
         n, k = weight.shape
@@ -128,7 +131,7 @@ class Int4Weight:
         return torch.cat([self.qs & 15, self.qs >> 4], dim=-1)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return kernels.int4_matmul(x, self, bias)
+        return kernels.block_matmul(x, self, bias)
 
     def dequantized(self) -> torch.Tensor:
         w = self.codes().float() * self.d.float()[..., None] + self.m.float()[..., None]
@@ -137,6 +140,46 @@ class Int4Weight:
     @property
     def nbytes(self) -> int:
         return self.qs.numel() + 2 * (self.d.numel() + self.m.numel())
+
+
+class Int8BlockWeight:
+    """W [N, K] in blocks of 32 inputs, w = q * d with q in -127..127 and a float16 d per block:
+    a GGUF Q8_0 block's own form (32 bytes and one float16 number), read by the same compiled
+    kernel as `Int4Weight` (kernels/cpu/block_ops.c).
+
+    Built from float weights with d = max |w| / 127 per block: llama.cpp's Q8_0 quantizer puts
+    the block's largest |w| at q = +-127, so a file's Q8_0 matrix comes back exactly (`exact`),
+    where the per-row `Int8Weight` would round it again."""
+
+    kind = "int8-block"
+    bits = 8
+    m = None  # symmetric: no per-block offset
+
+    def __init__(self, weight: torch.Tensor):
+        n, k = weight.shape
+        if k % INT4_GROUP:
+            raise QuantizationError(f"8-bit blocks need input sizes divisible by {INT4_GROUP}, "
+                                    f"not {k}")
+        g = weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
+        self.d = (g.abs().amax(dim=-1) / 127.0).half()
+        d = self.d.float()[..., None]
+        self.qs = (g / torch.where(d != 0, d, 1.0)).round().clamp(-127, 127).to(torch.int8) \
+            .contiguous()
+        self.exact = bool(torch.equal(self.qs * d, g))
+        self.shape = (n, k)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return kernels.block_matmul(x, self, bias)
+
+    def dequantized(self) -> torch.Tensor:
+        return (self.qs.float() * self.d.float()[..., None]).view(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + 2 * self.d.numel()
+
+
+BlockWeight = Int4Weight | Int8BlockWeight  # a GGUF file's own blocks, held exactly
 
 
 def quantize(weight: torch.Tensor, kind: str) -> Int8Weight | Int4Weight:

@@ -9,7 +9,7 @@
  * path agree to float32 rounding (tests/kernels/test_cpu_decode_layer.py).
  *
  * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations; each
- * weight int8 with one float32 scale per row, or in a file's 4-bit form with its float copy;
+ * weight int8 with one float32 scale per row, or in a file's own blocks with its float copy;
  * caches [slots, KVH, D] with unit inner stride, int64 slots, tables and lengths, and B sequences each at the token whose K/V goes to
  * slots[b] and whose context is then lens[b] long.
  */
@@ -18,8 +18,9 @@
 
 #include "decode_ops.h"
 
-/* one projection in the forms it has: int8 (q, panels, scale; NULL: none), the file's 4-bit
- * form (qs, d16, m16; q4_ops.c) for steps of up to small_rows rows, and the float weight */
+/* one projection in the forms it has: int8 (q, panels, scale; NULL: none), the file's own
+ * blocks (qs, d16, m16, bits; block_ops.c) for steps of up to small_rows rows, and the float
+ * weight */
 typedef struct {
     const int8_t *q;
     const int8_t *panels; /* the int8 weight in panels (decode_ops.c); NULL: rows only */
@@ -28,7 +29,7 @@ typedef struct {
     int64_t n, k;
     const uint8_t *qs;
     const uint16_t *d16, *m16;
-    int64_t small_rows;
+    int64_t bits, small_rows;
     const float *dense; /* [n, k]: read only by a 4-bit weight's larger steps */
 } Matrix;
 
@@ -55,8 +56,9 @@ typedef struct {
 
 static void matmul_for(const Matrix *m, const float *x, int64_t B, float *y) {
     if (m->qs && B <= m->small_rows)
-        q4_rows_for(x, B, m->k, m->qs, m->d16, m->m16, m->bias, m->n, m->k, y, m->n);
-    else if (!m->q) /* a 4-bit weight above its crossover: the same weights in float */
+        block_rows_for(x, B, m->k, m->qs, (int)m->bits, m->d16, m->m16, m->bias, m->n, m->k, y,
+                       m->n);
+    else if (!m->q) /* a file's block weight above its crossover: the same weights in float */
         f32_rows_for(x, B, m->k, m->dense, m->bias, m->n, m->k, y, m->n);
     else if (m->panels && B >= PANEL_MIN_ROWS)
         int8_panels_for(x, B, m->k, m->panels, m->scale, m->bias, m->n, m->k, y, m->n);

@@ -10,11 +10,11 @@ void int8_rows_for(const float *x, int64_t T, int64_t ldx, const int8_t *w, cons
 void int8_panels_for(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
                      const float *scale, const float *bias, int64_t N, int64_t K, float *y,
                      int64_t ldy);
-/* a 4-bit matmul y = x w^T + bias over blocks of 32 inputs (w = q * d + m, float16 d and m;
- * q4_ops.c has the layout), work-shared like the int8 ones */
-void q4_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
-                 const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
-                 int64_t K, float *y, int64_t ldy);
+/* a matmul y = x w^T + bias from a GGUF's blocks of 32 inputs (bits 4: w = q * d + m; bits 8:
+ * w = q * d; float16 d and m; block_ops.c has the layouts), work-shared like the int8 ones */
+void block_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
+                    const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
+                    int64_t K, float *y, int64_t ldy);
 /* a float32 matmul y = x w^T + bias from row-major weights (f32_ops.c), work-shared alike */
 void f32_rows_for(const float *x, int64_t T, int64_t ldx, const float *w, const float *bias,
                   int64_t N, int64_t K, float *y, int64_t ldy);

@@ -15,6 +15,7 @@ from runtime.linear_calibration import Calibration, ColdCache, cache_key, quant_
 from runtime.quantization import (
     INT4_GROUP,
     Int4Weight,
+    Int8BlockWeight,
     Int8Weight,
     QuantizationError,
     quantize,
@@ -296,21 +297,20 @@ def smollm_int4(smollm_checkpoint):
 
 @pytest.mark.model
 @pytest.mark.skipif(not kernels.cpu_ops_take(torch.float32), reason="no compiled CPU ops")
-def test_smollm_4bit_path_multiplies_by_the_files_own_weights(smollm_int4, hf_smollm):
-    """auto serves SmolLM2's Q4_1 matrices in their own 4-bit form (exactly: the 4-bit path
-    is transformers on the file's weights, to float32 rounding, token for token) with the
-    file's float weights for larger steps, and its Q8_0 embedding, which 4 bits cannot hold,
-    as int8 (so transformers gets our head here)."""
+def test_smollm_auto_multiplies_by_the_files_own_weights(smollm_int4, hf_smollm):
+    """auto serves SmolLM2's Q4_1 matrices in their own 4-bit form and its Q8_0 embedding (the
+    tied output head) in its own 8-bit blocks, with the file's float weights for larger steps:
+    every step multiplies by the file's weights, so it is transformers on the same file, to
+    float32 rounding and token for token."""
     model = smollm_int4.runner.model
     assert model.quantization == "int4"
     hf_layer = hf_smollm.model.layers[0]
     assert torch.equal(model.layers[0].o_proj.weight, hf_layer.self_attn.o_proj.weight)
     for layer in model.layers:
         for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
-            assert lin.small is not None and lin.small.exact and lin.max_small_rows == 10_000
-            assert lin.packed is None
-    assert model.lm_head.small is None and model.lm_head.packed.kind == "int8"
-    hf = copy.deepcopy(hf_smollm)
-    with torch.no_grad():
-        hf.model.embed_tokens.weight.copy_(model.embed)  # tied: the head too
-    assert_agrees_with(smollm_int4, hf)
+            assert isinstance(lin.small, Int4Weight) and lin.small.exact
+            assert lin.max_small_rows == 10_000 and lin.packed is None
+    head = model.lm_head
+    assert isinstance(head.small, Int8BlockWeight) and head.small.exact and head.packed is None
+    assert torch.equal(model.embed, hf_smollm.model.embed_tokens.weight)
+    assert_agrees_with(smollm_int4, hf_smollm)

@@ -1,5 +1,6 @@
-"""The 4-bit CPU kernel (kernels/cpu/q4_ops.c) and its weight format (Int4Weight): a GGUF
-Q4_1 matrix is held exactly, and the kernel multiplies by exactly those weights, in its
+"""The block kernel (kernels/cpu/block_ops.c) and its weight formats (Int4Weight,
+Int8BlockWeight): a GGUF Q4_1, Q4_0 or Q8_0 matrix is held exactly, and the kernel multiplies
+by exactly those weights, in its
 AVX-512 build and in its AVX2 one, over every tile and tail (rows not a multiple of four,
 tokens not a multiple of four, one block or many, a bias, a strided input); and the float
 GEMM (kernels/cpu/f32_ops.c) that runs the same weights' larger steps."""
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_build, cpu_ops
-from runtime.quantization import Int4Weight, QuantizationError
+from runtime.quantization import Int4Weight, Int8BlockWeight, QuantizationError
 from tests.q4_weights import q4_1_weight
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
@@ -54,8 +55,20 @@ def test_int4_linear_multiplies_by_the_dequantized_weight(rows, n, k, with_bias)
     bias = torch.randn(n, generator=g) if with_bias else None
     wide = torch.randn(rows, k + 7, generator=g)
     x = wide[:, 5:5 + k]  # a row stride wider than the row
-    got = cpu_ops.int4_linear(x, p.qs, p.d, p.m, bias)
+    got = cpu_ops.block_linear(x, p.qs, 4, p.d, p.m, bias)
     torch.testing.assert_close(got, F.linear(x, p.dequantized(), bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9, 16, 37])
+@pytest.mark.parametrize("n,k", [(5, 32), (13, 64), (576, 1536)], ids=str)
+def test_8bit_blocks_multiply_by_their_dequantized_weight(rows, n, k):
+    g = torch.Generator().manual_seed(rows + n)
+    p = Int8BlockWeight(torch.randn(n, k, generator=g))
+    assert p.qs.shape == (n, k // 32, 32) and p.nbytes == n * k + 2 * n * (k // 32)
+    bias = torch.randn(n, generator=g)
+    x = torch.randn(rows, k + 2, generator=g)[:, 1:1 + k]
+    torch.testing.assert_close(cpu_ops.block_linear(x, p.qs, 8, p.d, None, bias),
+                               F.linear(x, p.dequantized(), bias), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 8, 13, 33, 64])
@@ -71,7 +84,7 @@ def test_f32_linear_equals_torch(rows, n, k):
 AVX2_CHECK = """
 import torch, torch.nn.functional as F
 from kernels import cpu_build, cpu_ops
-from runtime.quantization import Int4Weight
+from runtime.quantization import Int4Weight, Int8BlockWeight
 from tests.q4_weights import q4_1_weight
 assert cpu_build.isa() == "avx2" and "-mavx512f" not in cpu_build.flags()
 assert cpu_ops.available(), cpu_build.unavailable_reason()
@@ -79,8 +92,11 @@ for rows in (1, 3, 4, 6, 9, 13):
     for n, k in ((5, 32), (13, 64), (70, 576)):
         p = Int4Weight(q4_1_weight(n, k, seed=rows))
         x = torch.randn(rows, k)
-        torch.testing.assert_close(cpu_ops.int4_linear(x, p.qs, p.d, p.m, None),
+        torch.testing.assert_close(cpu_ops.block_linear(x, p.qs, 4, p.d, p.m, None),
                                    F.linear(x, p.dequantized()), rtol=1e-5, atol=1e-5)
+        p8 = Int8BlockWeight(torch.randn(n, k))
+        torch.testing.assert_close(cpu_ops.block_linear(x, p8.qs, 8, p8.d, None, None),
+                                   F.linear(x, p8.dequantized()), rtol=1e-5, atol=1e-4)
         w, x = torch.randn(n, k + 3)[:, :k].contiguous(), torch.randn(rows * 3, k)
         torch.testing.assert_close(cpu_ops.f32_linear(x, w), F.linear(x, w), rtol=1e-4,
                                    atol=1e-4)
@@ -100,18 +116,19 @@ def test_the_avx2_build_computes_the_same(tmp_path):
     assert list(tmp_path.rglob("decode_ops-*.so"))  # a build of its own, not the cached one
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
-def test_gguf_quantizers_output_is_held_exactly(kind):
+@pytest.mark.parametrize("kind,form", [("Q4_0", Int4Weight), ("Q4_1", Int4Weight),
+                                       ("Q8_0", Int8BlockWeight)])
+def test_gguf_quantizers_output_is_held_exactly(kind, form):
     """What the gguf package's own quantizers write (llama.cpp's reference algorithms), read
     back as the loader does, is held exactly: Q4_1 from each block's range, Q4_0 from its
-    largest weight."""
+    largest weight, Q8_0 from its largest |w| at 127."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
     w = torch.randn(24, 128, generator=torch.Generator().manual_seed(7)).numpy()
     t = GGMLQuantizationType[kind]
     file_weights = torch.from_numpy(dequantize(quantize(w, t), t).copy())
-    p = Int4Weight(file_weights)
+    p = form(file_weights)
     assert p.exact and torch.equal(p.dequantized(), file_weights)
-    x = torch.randn(3, 128)
-    torch.testing.assert_close(cpu_ops.int4_linear(x, p.qs, p.d, p.m, None),
-                               F.linear(x, file_weights), rtol=1e-5, atol=1e-5)
+    for rows in (1, 5, 12):
+        x = torch.randn(rows, 128)
+        torch.testing.assert_close(p.matmul(x), F.linear(x, file_weights), rtol=1e-5, atol=1e-5)

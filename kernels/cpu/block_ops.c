@@ -1,20 +1,24 @@
-/* 4-bit weight-only matmul for small steps, on float32 activations.
+/* Weight-only matmuls from a GGUF file's own blocks, for small steps, on float32 activations.
  *
  * Why: a batch-1 decode step streams every weight once, so its time is its bytes. The int8
- * row kernel (decode_ops.c) reads one byte a weight; a GGUF's Q4_1 matrices hold 5 bits a
- * weight (16 bytes of nibbles and two float16 numbers per 32 weights), and served in that
- * form a step reads 0.625 of the int8 bytes. The activations stay float32, so the product is
- * the file's own weights times x, to float32 rounding: nothing is requantized.
+ * row kernel (decode_ops.c) reads one byte a weight and requantizes the file's values; a
+ * GGUF's Q4_1 matrices hold 5 bits a weight (16 bytes of nibbles and two float16 numbers per
+ * 32 weights), and served in that form a step reads 0.625 of the int8 bytes. Its Q8_0 ones
+ * (32 int8 and a float16 d per 32 weights) read about as much as int8 but are not rounded
+ * again. The activations stay float32, so the product is the file's own weights times x, to
+ * float32 rounding.
  *
- * Layout (runtime/quantization.py builds it, `Q4Weight`): per weight row, blocks of 32 inputs;
- * qs [N, K/32, 16] bytes where byte j of a block holds input j in its low nibble and input
- * j + 16 in its high one (the GGUF order), and float16 d, m [N, K/32]: w = q * d + m.
+ * Layouts (runtime/quantization.py builds them): per weight row, blocks of 32 inputs, with
+ * float16 d [N, K/32] (and m for 4 bits):
+ *   4 bits: qs [N, K/32, 16] bytes, byte j holding input j in its low nibble and input j + 16
+ *           in its high one (the GGUF order); w = q * d + m, q in 0..15 (`Int4Weight`);
+ *   8 bits: qs [N, K/32, 32] int8; w = q * d (`Int8BlockWeight`).
  *
  * Each block is dequantized once into float vectors and multiplied into every token of the
- * tile, so from a few tokens up the unpacking's cost falls behind the FMAs. Threads split the
- * weight rows in groups of four, each group's bytes fetched a group ahead, like int8_rows_for.
- * Built for AVX-512 where the CPU has it (16 lanes: one load and one widening give a whole
- * half-block), else AVX2 + FMA + F16C.
+ * tile; above DEQUANT_TOKENS tokens a row group is dequantized once into L1 and the float
+ * tiles of f32_ops.c take over. Threads split the weight rows in groups of four, each group's
+ * bytes fetched a group ahead, like int8_rows_for. Built for AVX-512 where the CPU has it,
+ * else AVX2 + FMA + F16C.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -52,7 +56,19 @@ typedef __m256 vf;
 #define DEQUANT_TOKENS 8
 
 /* one block of one row as NV float vectors, in input order */
-INLINE void dequant(const uint8_t *qs, float d, float m, vf w[NV]) {
+INLINE void dequant(const uint8_t *qs, int bits, float d, float m, vf w[NV]) {
+    if (bits == 8) { /* q * d, one rounding, as the file's own dequantization */
+        const int8_t *q8 = (const int8_t *)qs;
+        for (int v = 0; v < NV; v++)
+#ifdef __AVX512F__
+            w[v] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                     _mm_loadu_si128((const __m128i *)(q8 + v * VW)))),
+                                 vset1(d));
+#else
+            w[v] = _mm256_mul_ps(load_i8(q8 + v * VW), vset1(d));
+#endif
+        return;
+    }
 #ifdef __AVX512F__
     /* the block's 16 possible weights, q * d + m for q = 0..15, then each nibble picks its
      * own: vpermps reads only the low four bits of each index, so the low nibbles need no
@@ -78,15 +94,16 @@ INLINE void dequant(const uint8_t *qs, float d, float m, vf w[NV]) {
 
 /* nr rows (from qs, their float scales ds/ms [nr][kb]) by tr tokens; with one token the
  * vectors of a block alternate between two accumulators so more FMA chains overlap */
-INLINE void tile(const float *x, int64_t ldx, const uint8_t *qs, const float *ds,
+INLINE void tile(const float *x, int64_t ldx, const uint8_t *qs, int bits, const float *ds,
                  const float *ms, int64_t kb, int nr, int tr, float out[ROWS][TOKENS]) {
+    const int64_t bb = bits * 4; /* bytes a block */
     vf acc[ROWS][TOKENS][2];
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < tr; j++) acc[i][j][0] = acc[i][j][1] = vzero();
     for (int64_t b = 0; b < kb; b++) {
         for (int i = 0; i < nr; i++) {
             vf w[NV];
-            dequant(qs + (i * kb + b) * 16, ds[i * kb + b], ms[i * kb + b], w);
+            dequant(qs + (i * kb + b) * bb, bits, ds[i * kb + b], ms[i * kb + b], w);
             for (int j = 0; j < tr; j++) {
                 const float *xb = x + j * ldx + b * Q4_BLOCK;
                 for (int v = 0; v < NV; v++) {
@@ -109,10 +126,10 @@ static void halves(const uint16_t *h, float *f, int64_t n) {
     for (; i < n; i++) f[i] = _cvtsh_ss(h[i]);
 }
 
-static void q4_row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
-                         const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t n,
-                         int nr, int64_t N, int64_t K, float *y, int64_t ldy) {
-    const int64_t kb = K / Q4_BLOCK, bytes = kb * 16;
+INLINE void row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
+                      const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t n,
+                      int nr, int64_t N, int64_t K, float *y, int64_t ldy) {
+    const int64_t kb = K / Q4_BLOCK, bytes = kb * bits * 4;
     const uint8_t *q = qs + n * bytes;
     /* the next group's nibbles and scales, fetched while this one computes (as in
      * int8_row_group) */
@@ -121,19 +138,22 @@ static void q4_row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *
             _mm_prefetch((const char *)(q + ROWS * bytes + off), _MM_HINT_T0);
         for (int64_t off = 0; off < ROWS * kb * 2; off += 64) {
             _mm_prefetch((const char *)(d16 + (n + ROWS) * kb) + off, _MM_HINT_T0);
-            _mm_prefetch((const char *)(m16 + (n + ROWS) * kb) + off, _MM_HINT_T0);
+            if (m16) _mm_prefetch((const char *)(m16 + (n + ROWS) * kb) + off, _MM_HINT_T0);
         }
     }
     float ds[ROWS * kb], ms[ROWS * kb];
     halves(d16 + n * kb, ds, nr * kb);
-    halves(m16 + n * kb, ms, nr * kb);
+    if (m16)
+        halves(m16 + n * kb, ms, nr * kb);
+    else
+        for (int64_t i = 0; i < nr * kb; i++) ms[i] = 0.0f;
     if (T > DEQUANT_TOKENS && K <= 8192) {
         /* many tokens: the group's rows dequantized once into L1, then the float tiles */
         float w[ROWS * K];
         for (int i = 0; i < nr; i++)
             for (int64_t b = 0; b < kb; b++) {
                 vf v[NV];
-                dequant(q + (i * kb + b) * 16, ds[i * kb + b], ms[i * kb + b], v);
+                dequant(q + (i * kb + b) * bits * 4, bits, ds[i * kb + b], ms[i * kb + b], v);
                 for (int j = 0; j < NV; j++) vstore(w + i * K + b * Q4_BLOCK + j * VW, v[j]);
             }
         f32_group_tiles(x, T, ldx, w, nr, K, bias ? bias + n : NULL, y + n, ldy);
@@ -144,7 +164,7 @@ static void q4_row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *
         int tr = T - t < TOKENS ? (int)(T - t) : TOKENS;
         const float *xt = x + t * ldx;
         /* constant tile shapes, so the accumulators stay in registers */
-#define TILE(R, C) tile(xt, ldx, q + r * bytes, ds + r * kb, ms + r * kb, kb, R, C, out)
+#define TILE(R, C) tile(xt, ldx, q + r * bytes, bits, ds + r * kb, ms + r * kb, kb, R, C, out)
         for (int r = 0; r < nr; r += (nr == ROWS ? ROWS : 1)) {
             int rows = nr == ROWS ? ROWS : 1;
             if (rows == ROWS) {
@@ -170,21 +190,37 @@ static void q4_row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *
     }
 }
 
-void q4_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
-                 const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
-                 int64_t K, float *y, int64_t ldy) {
+/* the two formats' groups, each with its block width a constant */
+static void group4(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
+                   const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t n,
+                   int nr, int64_t N, int64_t K, float *y, int64_t ldy) {
+    row_group(x, T, ldx, qs, 4, d16, m16, bias, n, nr, N, K, y, ldy);
+}
+
+static void group8(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
+                   const uint16_t *d16, const float *bias, int64_t n, int nr, int64_t N,
+                   int64_t K, float *y, int64_t ldy) {
+    row_group(x, T, ldx, qs, 8, d16, NULL, bias, n, nr, N, K, y, ldy);
+}
+
+void block_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
+                    const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
+                    int64_t K, float *y, int64_t ldy) {
     int64_t groups = (N + ROWS - 1) / ROWS;
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
         int64_t n = g * ROWS;
         int nr = N - n < ROWS ? (int)(N - n) : ROWS;
-        q4_row_group(x, T, ldx, qs, d16, m16, bias, n, nr, N, K, y, ldy);
+        if (bits == 8)
+            group8(x, T, ldx, qs, d16, bias, n, nr, N, K, y, ldy);
+        else
+            group4(x, T, ldx, qs, d16, m16, bias, n, nr, N, K, y, ldy);
     }
 }
 
-void is_q4_linear(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
-                  const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
-                  int64_t K, float *y, int64_t ldy, int threads) {
+void is_block_linear(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
+                     const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
+                     int64_t K, float *y, int64_t ldy, int threads) {
 #pragma omp parallel num_threads(threads) if (threads > 1)
-    q4_rows_for(x, T, ldx, qs, d16, m16, bias, N, K, y, ldy);
+    block_rows_for(x, T, ldx, qs, bits, d16, m16, bias, N, K, y, ldy);
 }
