@@ -85,7 +85,7 @@ class Int8Weight:
 class Int4Weight:
     """W [N, K] in blocks of 32 inputs, w = q * d + m with q in 0..15 and float16 d, m per
     block: a GGUF Q4_1 block's own form (16 bytes of nibbles, two float16 numbers), read by
-    the compiled CPU kernel (kernels/cpu/q4_ops.c) on float32 activations.
+    the compiled CPU kernel (kernels/cpu/block_ops.c) on float32 activations.
 
     Built from float weights by taking each block's min as m and (max - min) / 15 as d: for a
     file's Q4_1 matrix (llama.cpp's quantizer uses both 0 and 15 in every block) that recovers

@@ -1,7 +1,7 @@
 /* float32 matmul y = x w^T + bias for a decode step of many rows, from the row-major float
  * weight the runtime keeps anyway (runtime/linear.py's float copy).
  *
- * Why: a 4-bit model (q4_ops.c) serves its smallest steps from the file's 4-bit form and
+ * Why: an int4 model (block_ops.c) serves its smallest steps from the file's own blocks and
  * everything larger from the float copy of the same weights, so that no batch size changes
  * the weights a request is multiplied by. Inside the fused decode layer (decode_layer.c) the
  * larger steps need a GEMM that is work-shared within its parallel region; torch's would be
