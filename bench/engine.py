@@ -60,6 +60,11 @@ Linear-layer bound: `F.linear` on the model's real fused weights (30 x [qkv, o, 
           scheduling."""
 
 
+def served_form(linear):
+    """A quantized Linear's packed form: the file's own blocks (int4), else int8."""
+    return linear.small if linear.small is not None else linear.packed
+
+
 # ---- main -------------------------------------------------------------------------------
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -207,9 +212,8 @@ def main(argv=None) -> int:
     measure = lambda: common.measure_linear(  # noqa: E731
         weights, model.lm_head.weight, sizes, reps=2 if args.quick else 3,
         min_total_s=0.2 if args.quick else 1.0,
-        packed=[lin.small if lin.small is not None else lin.packed for lin in linears[:-1]]
-        if quantized else None,  # a weight's 4-bit form where it has one (int4), else int8
-        packed_head=model.lm_head.packed)
+        packed=[served_form(lin) for lin in linears[:-1]] if quantized else None,
+        packed_head=served_form(model.lm_head))
     prof = measure()
 
     log("[bench] warming up both systems ...")
