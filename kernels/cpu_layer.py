@@ -47,8 +47,6 @@ def _matrix(linear) -> Matrix | None:
     """The C view of a Linear: its int8 form, or the file's own blocks with the float copy;
     None for a float-only weight."""
     packed, small = linear.packed, linear.small
-    if getattr(packed, "kind", None) != "int8":
-        packed = None
     if packed is None and small is None:
         return None
     int8 = (None, None, None) if packed is None else (

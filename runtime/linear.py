@@ -19,14 +19,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from runtime.quantization import BlockWeight, Int4Weight, Int8Weight
+from runtime.quantization import BlockWeight, Int8Weight
 
 
 class Linear:
     __slots__ = ("weight", "bias", "packed", "max_quant_rows", "small", "max_small_rows")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 packed: Int8Weight | Int4Weight | None = None, max_quant_rows: int = 0,
+                 packed: Int8Weight | None = None, max_quant_rows: int = 0,
                  small: BlockWeight | None = None, max_small_rows: int = 0):
         self.weight = weight  # float, [N, K]: the large-step path (and the reference)
         self.bias = bias

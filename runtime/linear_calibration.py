@@ -95,11 +95,10 @@ def quant_to_dense_ratio(packed: Int8Weight | BlockWeight, weight: torch.Tensor,
 def measure(packed: Int8Weight | BlockWeight, weight: torch.Tensor,
             ratio=quant_to_dense_ratio) -> int:
     """The largest row count in ROWS at which `packed` beats float32, 0 if none, EVERY_SIZE if
-    it wins at all of them; the counts
-    are tried in order and the search stops at the first loss (the gap only widens) that a
-    second measurement confirms. One noisy loss must not stop it early: with the C kernels the
-    fused decode layer runs only up to the smallest crossover of all shapes, so a single
-    shape measured at 16 instead of 128 (seen with another process starting) halved the
+    it wins at all of them. The counts are tried in order and the search stops at the first
+    loss (the gap only widens) that a second measurement confirms. One noisy loss must not
+    stop it early: with the C kernels the fused decode layer runs only up to the smallest
+    crossover of all shapes, so a single shape measured at 16 instead of 128 (seen with another process starting) halved the
     throughput at 32 and more streams."""
     best, evict = 0, ColdCache()
     for rows in ROWS:

@@ -35,10 +35,10 @@ def resolve(requested: str, weight_format: str, device: str) -> str:
     """The format to serve: `none`, `int8` or `int4`.
 
     `auto` quantizes only what was quantized already (a GGUF with Q4/Q5/Q8 weights), only on a
-    CPU whose torch build has vectorized kernels: int4 (4-bit weights kept as the file has
-    them for the smallest steps, int8 above) for a 4-bit file where the compiled kernels run,
-    else int8. A float checkpoint stays float unless asked: quantizing it would change its
-    outputs without being told to.
+    CPU whose torch build has vectorized kernels: int4 (each matrix in the file's own 4- or
+    8-bit blocks for small steps, the same values in float above) for a 4-bit file where the
+    compiled kernels run, else int8. A float checkpoint stays float unless asked: quantizing
+    it would change its outputs without being told to.
     """
     if requested not in CHOICES:
         raise QuantizationError(f"quantization must be one of {', '.join(CHOICES)}, "
@@ -82,7 +82,27 @@ class Int8Weight:
         return self.q.numel() + self.scale.numel() * 4  # what a step reads: q or its panels
 
 
-class Int4Weight:
+class _Blocks:
+    """What both block forms share: blocks of 32 inputs along K, and the compiled kernel."""
+
+    kind: str
+    bits: int
+    shape: tuple[int, int]
+
+    def _blocks(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as [N, K / 32, 32] float32 blocks (and the shape noted)."""
+        n, k = weight.shape
+        if k % INT4_GROUP:
+            raise QuantizationError(f"{self.kind} needs input sizes divisible by "
+                                    f"{INT4_GROUP}, not {k}")
+        self.shape = (n, k)
+        return weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return kernels.block_matmul(x, self, bias)
+
+
+class Int4Weight(_Blocks):
     """W [N, K] in blocks of 32 inputs, w = q * d + m with q in 0..15 and float16 d, m per
     block: a GGUF Q4_1 block's own form (16 bytes of nibbles, two float16 numbers), read by
     the compiled CPU kernel (kernels/cpu/block_ops.c) on float32 activations.
@@ -97,11 +117,7 @@ class Int4Weight:
     bits = 4
 
     def __init__(self, weight: torch.Tensor):
-        n, k = weight.shape
-        if k % INT4_GROUP:
-            raise QuantizationError(f"int4 needs input sizes divisible by {INT4_GROUP}, "
-                                    f"not {k}")
-        g = weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
+        g = self._blocks(weight)
         # Q4_1 blocks span min..max in 15 steps; Q4_0 blocks are d * (q - 8) with the largest
         # |w| at q = 0, i.e. m = that weight and d = -m / 8. Each block takes the first form
         # that reproduces it exactly, else the min..max rounding.
@@ -117,7 +133,6 @@ class Int4Weight:
         self.exact = bool((fits1 | fits0).all())
         # byte j of a block: input j in the low nibble, input j + 16 in the high one
         self.qs = (q[..., :16] | (q[..., 16:] << 4)).contiguous()
-        self.shape = (n, k)
 
     @staticmethod
     def _codes(g: torch.Tensor, d16: torch.Tensor, m16: torch.Tensor):
@@ -130,9 +145,6 @@ class Int4Weight:
         """The 4-bit values, [N, K / 32, 32] in input order."""
         return torch.cat([self.qs & 15, self.qs >> 4], dim=-1)
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return kernels.block_matmul(x, self, bias)
-
     def dequantized(self) -> torch.Tensor:
         w = self.codes().float() * self.d.float()[..., None] + self.m.float()[..., None]
         return w.view(self.shape)
@@ -142,7 +154,7 @@ class Int4Weight:
         return self.qs.numel() + 2 * (self.d.numel() + self.m.numel())
 
 
-class Int8BlockWeight:
+class Int8BlockWeight(_Blocks):
     """W [N, K] in blocks of 32 inputs, w = q * d with q in -127..127 and a float16 d per block:
     a GGUF Q8_0 block's own form (32 bytes and one float16 number), read by the same compiled
     kernel as `Int4Weight` (kernels/cpu/block_ops.c).
@@ -156,20 +168,12 @@ class Int8BlockWeight:
     m = None  # symmetric: no per-block offset
 
     def __init__(self, weight: torch.Tensor):
-        n, k = weight.shape
-        if k % INT4_GROUP:
-            raise QuantizationError(f"8-bit blocks need input sizes divisible by {INT4_GROUP}, "
-                                    f"not {k}")
-        g = weight.float().view(n, k // INT4_GROUP, INT4_GROUP)
+        g = self._blocks(weight)
         self.d = (g.abs().amax(dim=-1) / 127.0).half()
         d = self.d.float()[..., None]
         self.qs = (g / torch.where(d != 0, d, 1.0)).round().clamp(-127, 127).to(torch.int8) \
             .contiguous()
         self.exact = bool(torch.equal(self.qs * d, g))
-        self.shape = (n, k)
-
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return kernels.block_matmul(x, self, bias)
 
     def dequantized(self) -> torch.Tensor:
         return (self.qs.float() * self.d.float()[..., None]).view(self.shape)
