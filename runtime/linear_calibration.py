@@ -98,8 +98,8 @@ def measure(packed: Int8Weight | BlockWeight, weight: torch.Tensor,
     it wins at all of them. The counts are tried in order and the search stops at the first
     loss (the gap only widens) that a second measurement confirms. One noisy loss must not
     stop it early: with the C kernels the fused decode layer runs only up to the smallest
-    crossover of all shapes, so a single shape measured at 16 instead of 128 (seen with another process starting) halved the
-    throughput at 32 and more streams."""
+    crossover of all shapes, so a single shape measured at 16 instead of 128 (seen with
+    another process starting) halved the throughput at 32 and more streams."""
     best, evict = 0, ColdCache()
     for rows in ROWS:
         if ratio(packed, weight, rows, evict=evict) >= 1.0 \
