@@ -198,10 +198,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
 
 
 def prefill_plan(block_tables: torch.Tensor, block_size: int, cu_seqlens_q: torch.Tensor,
-                 num_prefix: torch.Tensor) -> list[VarlenSeq] | None:
+                 num_prefix: torch.Tensor, dtype: torch.dtype = torch.float32
+                 ) -> list[VarlenSeq] | None:
     """What varlen prefill reads besides the tables, built once per step for every layer: the
-    reference's per-sequence slots (`varlen_slots`), or None where the Triton kernel runs."""
-    if use_triton(block_tables):
+    reference's per-sequence slots (`varlen_slots`), or None where the Triton kernel or the C
+    op (queries of `dtype`) runs, which read the tables themselves."""
+    if use_triton(block_tables) or cpu_ops_take(dtype):
         return None
     return varlen_slots(block_tables, block_size, cu_seqlens_q, num_prefix)
 
@@ -217,12 +219,15 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     """All prefill chunks of a step in one call: q [T, H, D], sequence i owning rows
     cu_seqlens_q[i]:cu_seqlens_q[i + 1] at positions num_prefix[i]... (see the kernel file);
     other rows of `out` are left alone. The reference reads `seqs` from `prefill_plan` and
-    the rows' own k_new/v_new where a sequence has no prefix; the Triton kernel reads the
-    cache (the new K/V are stored first)."""
+    the rows' own k_new/v_new where a sequence has no prefix; the Triton kernel and the C op
+    (kernels/cpu/attention.c) read the cache (the new K/V are stored first)."""
     if use_triton(q):
         return prefill_attention_varlen_triton(q, k_cache, v_cache, block_tables, block_size,
                                                cu_seqlens_q, num_prefix, scale, max_q_len,
                                                out=out)
+    if _cpu_cache_op(q, k_cache, v_cache):
+        return cpu_ops.prefill_attention(q, k_cache, v_cache, block_tables, block_size,
+                                         cu_seqlens_q, num_prefix, scale, out=out)
     return prefill_attention_varlen_ref(q, k_cache, v_cache, block_tables, block_size,
                                         cu_seqlens_q, num_prefix, scale, max_q_len, seqs=seqs,
                                         k_new=k_new, v_new=v_new, out=out)

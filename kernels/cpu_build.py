@@ -22,7 +22,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
-SOURCES = ("decode_ops.c", "block_ops.c", "f32_ops.c", "decode_layer.c")
+SOURCES = ("decode_ops.c", "block_ops.c", "f32_ops.c", "attention.c", "decode_layer.c")
 BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # where the CPU has them, the block kernels run 16 lanes wide (block_ops.c); INFERSTACK_CPU_ISA=avx2

@@ -26,6 +26,8 @@ _SIGNATURES = {
     "is_store_kv": ([_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _I], None),
     "is_decode_attention": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _F,
                              _P, _I, _I, _C], ctypes.c_int),
+    "is_prefill_attention": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
+                              _F, _P, _I, _I, _C], ctypes.c_int),
 }
 
 
@@ -186,4 +188,28 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), torch.get_num_threads())
     if failed:
         raise MemoryError("decode attention could not allocate its score buffer")
+    return out
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_tables: torch.Tensor, block_size: int, cu_seqlens_q: torch.Tensor,
+                      num_prefix: torch.Tensor, scale: float,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """Chunk i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q [T, H, D] at positions
+    num_prefix[i].. against its context in caches [slots, KVH, D] (the rows' own K/V stored
+    first), causal; tables [C, W]. Other rows of `out` are left alone."""
+    t, h, d = q.shape
+    if out is None:
+        out = torch.empty(t, h, d, dtype=torch.float32)
+    tables = block_tables.to(torch.int64).contiguous()
+    starts = cu_seqlens_q.to(torch.int64).contiguous()
+    prefix = num_prefix.to(torch.int64).contiguous()
+    failed = _lib.prefill_attention(
+        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.stride(0), k_cache.stride(1), tables.data_ptr(), tables.stride(0),
+        starts.data_ptr(), prefix.data_ptr(), tables.shape[0], h, k_cache.shape[1], d,
+        block_size, scale, out.data_ptr(), out.stride(0), out.stride(1),
+        torch.get_num_threads())
+    if failed:
+        raise MemoryError("prefill attention could not allocate its state")
     return out

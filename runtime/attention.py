@@ -63,7 +63,8 @@ class AttentionMetadata:
                                                 layout.max_decode_context, cos.dtype)
         chunks = layout.num_seqs - nd
         chunk_tables, starts, prefix = t.block_tables[nd:], t.query_start[nd:], t.num_prefix[nd:]
-        seqs = kernels.prefill_plan(chunk_tables, block_size, starts, prefix) if chunks else None
+        seqs = (kernels.prefill_plan(chunk_tables, block_size, starts, prefix, cos.dtype)
+                if chunks else None)
         return cls(t.slot_mapping, cos, sin, block_size, nd, tables, lens, slots, valid,
                    chunks, chunk_tables, starts, prefix, layout.max_query, seqs)
 

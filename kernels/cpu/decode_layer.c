@@ -72,7 +72,7 @@ static void matmul_for(const Matrix *m, const float *x, int64_t B, float *y) {
 int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
                     const StepCache *c, int64_t B, float *scratch, int threads) {
     const int64_t H = L->hidden, D = L->head_dim, nq = L->heads * D, nk = L->kv_heads * D;
-    const int64_t G = L->heads / L->kv_heads, nqkv = L->qkv.n;
+    const int64_t nqkv = L->qkv.n;
     float *qkv = scratch, *attn = qkv + B * nqkv, *gu = attn + B * nq, *act = gu + B * 2 * L->inter;
     float *h = act + B * L->inter; /* the normed input of each matmul */
     int failed = 0;
@@ -95,14 +95,10 @@ int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
                 memcpy(c->v_cache + at, row + nq + nk + kh * D, sizeof(float) * (size_t)D);
             }
         }
-#pragma omp for schedule(dynamic)
-        for (int64_t task = 0; task < B * L->kv_heads; task++) {
-            int64_t b = task / L->kv_heads, kh = task % L->kv_heads;
-            failed |= attend_one(qkv + b * nqkv + kh * G * D, D, c->k_cache, c->v_cache,
-                                 c->cache_slot, kh * c->cache_head,
-                                 c->tables + b * c->table_stride, c->lens[b], c->page, G, D,
-                                 L->attn_scale, attn + b * nq + kh * G * D, D);
-        }
+        failed |= decode_attention_for(qkv, nqkv, D, c->k_cache, c->v_cache, c->cache_slot,
+                                       c->cache_head, c->tables, c->table_stride, c->lens, B,
+                                       L->heads, L->kv_heads, D, c->page, L->attn_scale, attn,
+                                       nq, D, threads);
         matmul_for(&L->o_proj, attn, B, x);
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++)

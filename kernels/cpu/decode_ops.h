@@ -29,8 +29,12 @@ void silu_row(const float *g, const float *u, float *o, int64_t I);
 /* rotary on one token's H heads (head stride stride_h) with its cos, signed sin [D] */
 void rotate_token(float *x, int64_t H, int64_t D, int64_t stride_h, const float *c,
                   const float *s);
-/* one sequence's G query heads against one KV head of the paged cache; -1: out of memory */
-int attend_one(const float *q, int64_t q_head, const float *kc, const float *vc,
-               int64_t cache_slot, int64_t kvh_off, const int64_t *table, int64_t len,
-               int64_t page, int64_t G, int64_t D, float scale, float *out, int64_t out_head);
+/* decode attention (attention.c), work-shared among the threads of the enclosing parallel
+ * region: q [B, H, D] against the paged cache, sequence b's new token at position lens[b] - 1;
+ * returns nonzero on this thread if a task could not allocate its state */
+int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const float *kc,
+                         const float *vc, int64_t cache_slot, int64_t cache_head,
+                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                         int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
+                         float *out, int64_t out_seq, int64_t out_head, int threads);
 #endif

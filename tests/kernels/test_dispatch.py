@@ -90,10 +90,12 @@ def test_per_step_plans_follow_the_choice(monkeypatch):
     [(first, end, cached, ctx)] = kernels.prefill_plan(tables, 4, starts, prefix)
     assert (first, end, cached, ctx.tolist()) == (0, 2, 3, [12, 13, 14, 15, 4])
     monkeypatch.setattr(kernels, "FORCE_REFERENCE", False)
-    if kernels.cpu_ops.available():  # the C decode attention reads the tables itself
+    if kernels.cpu_ops.available():  # the C attention ops read the tables themselves
         assert kernels.decode_slots(tables, lens, 4, max_len=5) == (None, None)
         slots, _ = kernels.decode_slots(tables, lens, 4, max_len=5, dtype=torch.bfloat16)
         assert slots is not None  # bfloat16 queries go to the reference
+        assert kernels.prefill_plan(tables, 4, starts, prefix) is None
+        assert kernels.prefill_plan(tables, 4, starts, prefix, torch.bfloat16) is not None
     if kernels.HAS_TRITON:
         monkeypatch.setattr(kernels, "FORCE_TRITON", True)
         assert kernels.decode_slots(tables, lens, 4, max_len=5) == (None, None)

@@ -1,0 +1,268 @@
+/* Attention over the paged KV cache on the CPU, float32: decodes (one new token a sequence)
+ * and prefill/extend chunks (many new tokens a sequence, causal), one kernel for both.
+ *
+ * Why: at 64 decoding sequences of a few hundred tokens, a step reads about 1 GB of K/V,
+ * as long as its matmuls take. The first decode kernel (a task per sequence and KV head, all
+ * scores, then all values) read DRAM at 15 GB/s where the machine reads 37, and prefill went
+ * through torch's SDPA per sequence after gathering each context out of its pages. Here a
+ * task walks its sequence's context once, in chunks of 16 positions, the next chunk's rows
+ * fetched while this one computes: the chunk's scores for every query vector of the task,
+ * an online softmax (flash attention's running max and sum), the chunk's values added in.
+ * A decode task takes whole sequences' KV heads (a page of all heads is one run of memory);
+ * a prefill task takes a tile of query rows of one KV head, so each chunk of keys stays in
+ * L1 across the tile's rows x G query vectors.
+ *
+ * Layout: q and out [T, H, D] with row and head strides; caches [slots, KVH, D] (slot and
+ * head strides in floats, unit inner stride); position p of a sequence lives in slot
+ * table[p / page] * page + p % page. Query row r of a task sits at position first + r and
+ * sees positions 0..first + r. KV head h serves query heads h * G .. h * G + G - 1.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "decode_ops.h"
+#include "simd.h"
+
+#define CHUNK 16     /* positions scored together */
+#define TILE_ROWS 16 /* query rows of a prefill task */
+#ifndef AHEAD
+#define AHEAD 2
+#endif
+#ifndef HINT
+#define HINT _MM_HINT_T0
+#endif
+
+#ifdef __AVX512F__
+/* lanes i and j of a 4 x 4 index transposed: the reduction tree below leaves position
+ * 4q + j's sum in lane 4j + q, so accumulators are filed under their transposed lane */
+#define TRANSPOSED(i) ((((i)&3) << 2) | ((i) >> 2))
+
+/* the 16 horizontal sums of acc[0..16) as one vector, lane i = sum of acc[TRANSPOSED(i)]:
+ * halves, then quarters, then pairs inside 128-bit lanes (45 shuffles and adds, where 16
+ * separate reductions take about 130) */
+INLINE __m512 sums16(__m512 a[CHUNK]) {
+    __m512 b[8], c[4], e[2];
+    for (int i = 0; i < 8; i++) /* lanes 0-7: a[2i] folded in half; lanes 8-15: a[2i+1] */
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+    for (int i = 0; i < 4; i++) /* quarter k: a[4i + k] folded to four lanes */
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)
+        e[i] = _mm512_add_ps(_mm512_unpacklo_ps(c[2 * i], c[2 * i + 1]),
+                             _mm512_unpackhi_ps(c[2 * i], c[2 * i + 1]));
+    __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(e[0]), _mm512_castps_pd(e[1]));
+    __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(e[0]), _mm512_castps_pd(e[1]));
+    return _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+}
+#endif
+
+/* s[i] = scale * q . k_i for the n <= CHUNK keys at kc + offs[i] */
+INLINE void chunk_scores(const float *q, const float *kc, const int64_t *offs, int n, int64_t D,
+                         float scale, float *s) {
+#ifdef __AVX512F__
+    if (D % 16 == 0) {
+        __m512 acc[CHUNK];
+        for (int i = 0; i < CHUNK; i++) acc[i] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) {
+            __m512 qv = _mm512_loadu_ps(q + d);
+            for (int i = 0; i < n; i++)
+                acc[TRANSPOSED(i)] =
+                    _mm512_fmadd_ps(qv, _mm512_loadu_ps(kc + offs[i] + d), acc[TRANSPOSED(i)]);
+        }
+        _mm512_storeu_ps(s, _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale)));
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) s[i] = dot(q, kc + offs[i], D) * scale;
+}
+
+/* acc[0..D) = acc * corr + sum_i w[i] * v_i */
+INLINE void add_values(float *acc, float corr, const float *w, const float *vc,
+                       const int64_t *offs, int n, int64_t D) {
+    int64_t d = 0;
+#ifdef __AVX512F__
+    for (; d + 64 <= D; d += 64) {
+        __m512 a[4];
+        for (int c = 0; c < 4; c++)
+            a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 16 * c), _mm512_set1_ps(corr));
+        for (int i = 0; i < n; i++) {
+            __m512 wv = _mm512_set1_ps(w[i]);
+            const float *vp = vc + offs[i] + d;
+            for (int c = 0; c < 4; c++)
+                a[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vp + 16 * c), a[c]);
+        }
+        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + d + 16 * c, a[c]);
+    }
+#endif
+    for (; d + 8 <= D; d += 8) {
+        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), _mm256_set1_ps(corr));
+        for (int i = 0; i < n; i++)
+            a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(vc + offs[i] + d), a);
+        _mm256_storeu_ps(acc + d, a);
+    }
+    for (; d < D; d++) {
+        float a = acc[d] * corr;
+        for (int i = 0; i < n; i++) a += w[i] * vc[offs[i] + d];
+        acc[d] = a;
+    }
+}
+
+/* one query vector's online softmax over a chunk of n scores s (n >= 1): its running max m
+ * and sum l, its unnormalized output acc */
+INLINE void absorb(float *s, int n, const float *vc, const int64_t *offs, int64_t D, float *m,
+                   float *l, float *acc) {
+    float mx = s[0];
+    if (n == CHUNK) { /* the common case, without a chain of scalar compares */
+        __m256 v = _mm256_max_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
+        v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+        v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+        mx = _mm_cvtss_f32(_mm256_castps256_ps128(_mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1))));
+    } else
+        for (int i = 1; i < n; i++) mx = s[i] > mx ? s[i] : mx;
+    float mnew = mx > *m ? mx : *m, corr = expf(*m - mnew); /* m = -inf at first: corr 0 */
+    __m256 mv = _mm256_set1_ps(mnew), total = _mm256_setzero_ps();
+    for (int i = 0; i < CHUNK; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        if (i + 8 > n) /* lanes past n are not positions of this row */
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                     _mm256_set1_epi32(n - i),
+                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+        _mm256_storeu_ps(s + i, e);
+        total = _mm256_add_ps(total, e);
+    }
+    *l = *l * corr + hsum(total);
+    *m = mnew;
+    add_values(acc, corr, s, vc, offs, n, D);
+}
+
+/* the cache one layer reads */
+typedef struct {
+    const float *k, *v;
+    int64_t slot, head, page; /* strides in floats; positions a page */
+} Cache;
+
+INLINE int64_t slot_of(const int64_t *table, int64_t page, int64_t p) {
+    return table[p / page] * page + p % page;
+}
+
+/* rows [0, rows) of one sequence's queries at positions first.., against its context, for
+ * KV heads [h0, h1); -1 when its state could not be allocated */
+static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t rows,
+                       int64_t first, const Cache *c, const int64_t *table, int64_t h0,
+                       int64_t h1, int64_t G, int64_t D, float scale, float *out,
+                       int64_t out_row, int64_t out_head) {
+    const int64_t heads = (h1 - h0) * G, vectors = rows * heads, end = first + rows;
+    float *state = malloc(sizeof(float) * (size_t)(vectors * (D + 2)));
+    if (!state) return -1;
+    float *m = state, *l = m + vectors, *acc = l + vectors;
+    for (int64_t i = 0; i < vectors; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    for (int64_t i = 0; i < vectors * D; i++) acc[i] = 0.0f;
+    int64_t offs[CHUNK];
+    float s[CHUNK];
+    for (int64_t p0 = 0; p0 < end; p0 += CHUNK) {
+        int n = end - p0 < CHUNK ? (int)(end - p0) : CHUNK;
+        for (int i = 0; i < n; i++) offs[i] = slot_of(table, c->page, p0 + i) * c->slot;
+        /* the next chunk's keys and values, fetched while this one computes */
+        for (int64_t p = p0 + AHEAD * CHUNK; p < p0 + (AHEAD + 1) * CHUNK && p < end && AHEAD; p++) {
+            int64_t at = slot_of(table, c->page, p) * c->slot + h0 * c->head;
+            for (int64_t h = 0; h < h1 - h0; h++)
+                for (int64_t d = 0; d < D; d += 16) {
+                    _mm_prefetch((const char *)(c->k + at + h * c->head + d), HINT);
+                    _mm_prefetch((const char *)(c->v + at + h * c->head + d), HINT);
+                }
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t visible = first + r + 1 - p0; /* causal: positions up to first + r */
+            if (visible <= 0) continue;
+            int nr = visible < n ? (int)visible : n;
+            for (int64_t h = h0; h < h1; h++) {
+                const float *kh = c->k + h * c->head, *vh = c->v + h * c->head;
+                for (int64_t g = 0; g < G; g++) {
+                    int64_t vec = r * heads + (h - h0) * G + g;
+                    chunk_scores(q + r * q_row + (h * G + g) * q_head, kh, offs, nr, D, scale,
+                                 s);
+                    absorb(s, nr, vh, offs, D, m + vec, l + vec, acc + vec * D);
+                }
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < heads; j++) {
+            int64_t vec = r * heads + j;
+            float inv = 1.0f / l[vec], *o = out + r * out_row + (h0 * G + j) * out_head;
+            for (int64_t d = 0; d < D; d++) o[d] = acc[vec * D + d] * inv;
+        }
+    free(state);
+    return 0;
+}
+
+int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const float *kc,
+                         const float *vc, int64_t cache_slot, int64_t cache_head,
+                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                         int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
+                         float *out, int64_t out_seq, int64_t out_head, int threads) {
+    const Cache c = {kc, vc, cache_slot, cache_head, page};
+    const int64_t G = H / KVH;
+    /* whole sequences where there are enough to share out, else one KV head a task */
+    const int64_t per = B >= 2 * threads ? KVH : 1, tasks = B * (KVH / per);
+    int failed = 0; /* this thread's tasks; the enclosing region's reduction joins them */
+#pragma omp for schedule(dynamic)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t b = t / (KVH / per), h0 = t % (KVH / per) * per;
+        failed |= attend_task(q + b * q_seq, 0, q_head, 1, lens[b] - 1, &c,
+                              tables + b * table_stride, h0, h0 + per, G, D, scale,
+                              out + b * out_seq, 0, out_head);
+    }
+    return failed;
+}
+
+int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const float *kc,
+                        const float *vc, int64_t cache_slot, int64_t cache_head,
+                        const int64_t *tables, int64_t table_stride, const int64_t *lens,
+                        int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
+                        float *out, int64_t out_seq, int64_t out_head, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
+    failed |= decode_attention_for(q, q_seq, q_head, kc, vc, cache_slot, cache_head, tables,
+                                   table_stride, lens, B, H, KVH, D, page, scale, out, out_seq,
+                                   out_head, threads);
+    return failed;
+}
+
+/* Chunk i owns q's rows starts[i] .. starts[i + 1] at positions prefix[i].. of its sequence
+ * (table row i); every row's K/V is already in the cache. Rows outside the chunks are left
+ * alone. Tasks are TILE_ROWS rows of one KV head, the latest (longest) tiles handed out
+ * first. */
+int is_prefill_attention(const float *q, int64_t q_row, int64_t q_head, const float *kc,
+                         const float *vc, int64_t cache_slot, int64_t cache_head,
+                         const int64_t *tables, int64_t table_stride, const int64_t *starts,
+                         const int64_t *prefix, int64_t C, int64_t H, int64_t KVH, int64_t D,
+                         int64_t page, float scale, float *out, int64_t out_row,
+                         int64_t out_head, int threads) {
+    const Cache c = {kc, vc, cache_slot, cache_head, page};
+    const int64_t G = H / KVH;
+    int64_t *first_tile = malloc(sizeof(int64_t) * (size_t)(C + 1));
+    if (!first_tile) return -1;
+    first_tile[0] = 0;
+    for (int64_t i = 0; i < C; i++)
+        first_tile[i + 1] = first_tile[i] + (starts[i + 1] - starts[i] + TILE_ROWS - 1) /
+                                                TILE_ROWS;
+    const int64_t tasks = first_tile[C] * KVH;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic) num_threads(threads) if (threads > 1) \
+    reduction(| : failed)
+    for (int64_t t = 0; t < tasks; t++) {
+        int64_t tile = first_tile[C] - 1 - t / KVH, h = t % KVH, i = 0;
+        while (first_tile[i + 1] <= tile) i++;
+        int64_t r0 = starts[i] + (tile - first_tile[i]) * TILE_ROWS;
+        int64_t rows = starts[i + 1] - r0 < TILE_ROWS ? starts[i + 1] - r0 : TILE_ROWS;
+        failed |= attend_task(q + r0 * q_row, q_row, q_head, rows, prefix[i] + r0 - starts[i],
+                              &c, tables + i * table_stride, h, h + 1, G, D, scale,
+                              out + r0 * out_row, out_row, out_head);
+    }
+    free(first_tile);
+    return failed;
+}
