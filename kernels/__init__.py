@@ -1,7 +1,7 @@
 """The one place that picks an implementation for each op.
 
 The choice is made per call from the device of the op's first tensor: Triton kernels for CUDA
-tensors (when triton imports), the compiled CPU decode ops (kernels/cpu/decode_ops.c, built at
+tensors (when triton imports), the compiled CPU ops (kernels/cpu/*.c, built at
 first use) for float32 CPU tensors on AVX2 + FMA machines, the torch references for anything
 else. Environment variable INFERSTACK_KERNELS (read once, at import):
   ""/unset  the rule above;

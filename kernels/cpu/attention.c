@@ -27,6 +27,7 @@
 
 #define CHUNK 16     /* positions scored together */
 #define TILE_ROWS 16 /* query rows of a prefill task */
+#define QG 3         /* query vectors of one KV head scored together */
 #ifndef AHEAD
 #define AHEAD 2
 #endif
@@ -59,74 +60,102 @@ INLINE __m512 sums16(__m512 a[CHUNK]) {
 }
 #endif
 
-/* s[i] = scale * q . k_i for the n <= CHUNK keys at kc + offs[i] */
-INLINE void chunk_scores(const float *q, const float *kc, const int64_t *offs, int n, int64_t D,
-                         float scale, float *s) {
+/* s[j][i] = scale * q_j . k_i for QG query vectors and the keys at kc + offs[i], i < n (an
+ * offs past n repeats offs[0], a real row; the softmax masks those lanes). Each key row is
+ * loaded once for the QG vectors: three FMAs a load, where one vector at a time is load-bound */
+INLINE void chunk_scores(const float *const q[QG], const float *kc, const int64_t *offs, int n,
+                         int64_t D, float scale, float s[QG][CHUNK]) {
 #ifdef __AVX512F__
     if (D % 16 == 0) {
-        __m512 acc[CHUNK];
-        for (int i = 0; i < CHUNK; i++) acc[i] = _mm512_setzero_ps();
-        for (int64_t d = 0; d < D; d += 16) {
-            __m512 qv = _mm512_loadu_ps(q + d);
-            for (int i = 0; i < n; i++)
-                acc[TRANSPOSED(i)] =
-                    _mm512_fmadd_ps(qv, _mm512_loadu_ps(kc + offs[i] + d), acc[TRANSPOSED(i)]);
+        __m512 part[QG][CHUNK];
+        if (n < CHUNK)
+            for (int j = 0; j < QG; j++)
+                for (int i = 0; i < CHUNK; i++) part[j][i] = _mm512_setzero_ps();
+        for (int i0 = 0; i0 < n; i0 += 4) {
+            __m512 acc[QG][4];
+            for (int j = 0; j < QG; j++)
+                for (int p = 0; p < 4; p++) acc[j][p] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; d += 16) {
+                __m512 qv[QG];
+                for (int j = 0; j < QG; j++) qv[j] = _mm512_loadu_ps(q[j] + d);
+                for (int p = 0; p < 4; p++) {
+                    __m512 kv = _mm512_loadu_ps(kc + offs[i0 + p] + d);
+                    for (int j = 0; j < QG; j++)
+                        acc[j][p] = _mm512_fmadd_ps(qv[j], kv, acc[j][p]);
+                }
+            }
+            for (int j = 0; j < QG; j++)
+                for (int p = 0; p < 4; p++) part[j][TRANSPOSED(i0 + p)] = acc[j][p];
         }
-        _mm512_storeu_ps(s, _mm512_mul_ps(sums16(acc), _mm512_set1_ps(scale)));
+        for (int j = 0; j < QG; j++)
+            _mm512_storeu_ps(s[j], _mm512_mul_ps(sums16(part[j]), _mm512_set1_ps(scale)));
         return;
     }
 #endif
-    for (int i = 0; i < n; i++) s[i] = dot(q, kc + offs[i], D) * scale;
+    for (int j = 0; j < QG; j++)
+        for (int i = 0; i < n; i++) s[j][i] = dot(q[j], kc + offs[i], D) * scale;
 }
 
-/* acc[0..D) = acc * corr + sum_i w[i] * v_i */
-INLINE void add_values(float *acc, float corr, const float *w, const float *vc,
-                       const int64_t *offs, int n, int64_t D) {
+/* acc_j[0..D) = acc_j * corr[j] + sum_i w[j][i] * v_i for the QG vectors: each value row
+ * loaded once for all of them */
+INLINE void add_values(float *const acc[QG], const float corr[QG], float w[QG][CHUNK],
+                       const float *vc, const int64_t *offs, int n, int64_t D) {
     int64_t d = 0;
 #ifdef __AVX512F__
     for (; d + 64 <= D; d += 64) {
-        __m512 a[4];
-        for (int c = 0; c < 4; c++)
-            a[c] = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 16 * c), _mm512_set1_ps(corr));
-        for (int i = 0; i < n; i++) {
-            __m512 wv = _mm512_set1_ps(w[i]);
-            const float *vp = vc + offs[i] + d;
+        __m512 a[QG][4];
+        for (int j = 0; j < QG; j++)
             for (int c = 0; c < 4; c++)
-                a[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(vp + 16 * c), a[c]);
+                a[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[j] + d + 16 * c),
+                                        _mm512_set1_ps(corr[j]));
+        for (int i = 0; i < n; i++) {
+            const float *vp = vc + offs[i] + d;
+            __m512 v[4];
+            for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(vp + 16 * c);
+            for (int j = 0; j < QG; j++) {
+                __m512 wv = _mm512_set1_ps(w[j][i]);
+                for (int c = 0; c < 4; c++) a[j][c] = _mm512_fmadd_ps(wv, v[c], a[j][c]);
+            }
         }
-        for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + d + 16 * c, a[c]);
+        for (int j = 0; j < QG; j++)
+            for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[j] + d + 16 * c, a[j][c]);
     }
 #endif
-    for (; d + 8 <= D; d += 8) {
-        __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc + d), _mm256_set1_ps(corr));
-        for (int i = 0; i < n; i++)
-            a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), _mm256_loadu_ps(vc + offs[i] + d), a);
-        _mm256_storeu_ps(acc + d, a);
-    }
-    for (; d < D; d++) {
-        float a = acc[d] * corr;
-        for (int i = 0; i < n; i++) a += w[i] * vc[offs[i] + d];
-        acc[d] = a;
+    for (int j = 0; j < QG; j++) {
+        int64_t e = d;
+        for (; e + 8 <= D; e += 8) {
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + e), _mm256_set1_ps(corr[j]));
+            for (int i = 0; i < n; i++)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(w[j][i]), _mm256_loadu_ps(vc + offs[i] + e),
+                                    a);
+            _mm256_storeu_ps(acc[j] + e, a);
+        }
+        for (; e < D; e++) {
+            float a = acc[j][e] * corr[j];
+            for (int i = 0; i < n; i++) a += w[j][i] * vc[offs[i] + e];
+            acc[j][e] = a;
+        }
     }
 }
 
-/* one query vector's online softmax over a chunk of n scores s (n >= 1): its running max m
- * and sum l, its unnormalized output acc */
-INLINE void absorb(float *s, int n, const float *vc, const int64_t *offs, int64_t D, float *m,
-                   float *l, float *acc) {
+/* one query vector's online softmax step over a chunk of scores s, of which its first n >= 1
+ * are positions it sees: s becomes the weights exp(s - new max) (0 past n), its running max m
+ * and sum l move on; returns the factor its output so far is scaled by */
+INLINE float chunk_weights(float *s, int n, float *m, float *l) {
     float mx = s[0];
     if (n == CHUNK) { /* the common case, without a chain of scalar compares */
         __m256 v = _mm256_max_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
         v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
         v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
-        mx = _mm_cvtss_f32(_mm256_castps256_ps128(_mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1))));
+        v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+        mx = _mm_cvtss_f32(_mm256_castps256_ps128(v));
     } else
         for (int i = 1; i < n; i++) mx = s[i] > mx ? s[i] : mx;
     float mnew = mx > *m ? mx : *m, corr = expf(*m - mnew); /* m = -inf at first: corr 0 */
     __m256 mv = _mm256_set1_ps(mnew), total = _mm256_setzero_ps();
     for (int i = 0; i < CHUNK; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
-        if (i + 8 > n) /* lanes past n are not positions of this row */
+        if (i + 8 > n) /* lanes past n are not positions this vector sees */
             e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
                                      _mm256_set1_epi32(n - i),
                                      _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
@@ -135,7 +164,7 @@ INLINE void absorb(float *s, int n, const float *vc, const int64_t *offs, int64_
     }
     *l = *l * corr + hsum(total);
     *m = mnew;
-    add_values(acc, corr, s, vc, offs, n, D);
+    return corr;
 }
 
 /* the cache one layer reads */
@@ -155,18 +184,19 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
                        int64_t h1, int64_t G, int64_t D, float scale, float *out,
                        int64_t out_row, int64_t out_head) {
     const int64_t heads = (h1 - h0) * G, vectors = rows * heads, end = first + rows;
-    float *state = malloc(sizeof(float) * (size_t)(vectors * (D + 2)));
+    float *state = malloc(sizeof(float) * (size_t)((vectors + 1) * (D + 2)));
     if (!state) return -1;
-    float *m = state, *l = m + vectors, *acc = l + vectors;
+    float *m = state, *l = m + vectors, *acc = l + vectors, *spare = acc + vectors * D;
+    float *spare_acc = spare + 2; /* where a padding vector's state goes */
     for (int64_t i = 0; i < vectors; i++) m[i] = -INFINITY, l[i] = 0.0f;
     for (int64_t i = 0; i < vectors * D; i++) acc[i] = 0.0f;
     int64_t offs[CHUNK];
-    float s[CHUNK];
+    float s[QG][CHUNK];
     for (int64_t p0 = 0; p0 < end; p0 += CHUNK) {
         int n = end - p0 < CHUNK ? (int)(end - p0) : CHUNK;
         for (int i = 0; i < n; i++) offs[i] = slot_of(table, c->page, p0 + i) * c->slot;
         /* the next chunk's keys and values, fetched while this one computes */
-        for (int64_t p = p0 + AHEAD * CHUNK; p < p0 + (AHEAD + 1) * CHUNK && p < end && AHEAD; p++) {
+        for (int64_t p = p0 + AHEAD * CHUNK; p < p0 + (AHEAD + 1) * CHUNK && p < end; p++) {
             int64_t at = slot_of(table, c->page, p) * c->slot + h0 * c->head;
             for (int64_t h = 0; h < h1 - h0; h++)
                 for (int64_t d = 0; d < D; d += 16) {
@@ -174,18 +204,34 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
                     _mm_prefetch((const char *)(c->v + at + h * c->head + d), HINT);
                 }
         }
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t visible = first + r + 1 - p0; /* causal: positions up to first + r */
-            if (visible <= 0) continue;
-            int nr = visible < n ? (int)visible : n;
-            for (int64_t h = h0; h < h1; h++) {
-                const float *kh = c->k + h * c->head, *vh = c->v + h * c->head;
-                for (int64_t g = 0; g < G; g++) {
+        for (int i = n; i < CHUNK; i++) offs[i] = offs[0];
+        for (int64_t h = h0; h < h1; h++) {
+            const float *kh = c->k + h * c->head, *vh = c->v + h * c->head;
+            /* the KV head's query vectors, row by row, QG at a time (the last group padded
+             * with a scratch vector); rows that see none of the chunk take no part */
+            for (int64_t f = 0; f < rows * G; f += QG) {
+                const float *qp[QG];
+                float *accs[QG], *ms[QG], *ls[QG], corr[QG];
+                int seen[QG], most = 0;
+                for (int j = 0; j < QG; j++) {
+                    int64_t r = (f + j) / G, g = (f + j) % G, visible = first + r + 1 - p0;
                     int64_t vec = r * heads + (h - h0) * G + g;
-                    chunk_scores(q + r * q_row + (h * G + g) * q_head, kh, offs, nr, D, scale,
-                                 s);
-                    absorb(s, nr, vh, offs, D, m + vec, l + vec, acc + vec * D);
+                    if (f + j >= rows * G || visible <= 0) { /* nothing of its own to do */
+                        qp[j] = q, accs[j] = spare_acc, ms[j] = spare, ls[j] = spare + 1;
+                        seen[j] = 1;
+                        continue;
+                    }
+                    qp[j] = q + r * q_row + (h * G + g) * q_head;
+                    accs[j] = acc + vec * D, ms[j] = m + vec, ls[j] = l + vec;
+                    seen[j] = visible < n ? (int)visible : n;
+                    most = seen[j] > most ? seen[j] : most;
                 }
+                if (!most) continue;
+                chunk_scores(qp, kh, offs, most, D, scale, s);
+                spare[0] = -INFINITY, spare[1] = 0.0f;
+                for (int j = 0; j < QG; j++)
+                    corr[j] = chunk_weights(s[j], seen[j] < most ? seen[j] : most, ms[j], ls[j]);
+                add_values(accs, corr, s, vh, offs, most, D);
             }
         }
     }

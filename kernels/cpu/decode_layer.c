@@ -10,8 +10,9 @@
  *
  * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations; each
  * weight int8 with one float32 scale per row, or in a file's own blocks with its float copy;
- * caches [slots, KVH, D] with unit inner stride, int64 slots, tables and lengths, and B sequences each at the token whose K/V goes to
- * slots[b] and whose context is then lens[b] long.
+ * caches [slots, KVH, D] with unit inner stride, int64 slots, tables and lengths, and B
+ * sequences each at the token whose K/V goes to slots[b] and whose context is then lens[b]
+ * long. Attention is attention.c's, work-shared inside the region.
  */
 #include <stdint.h>
 #include <string.h>
