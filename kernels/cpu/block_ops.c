@@ -15,7 +15,7 @@
  *   8 bits: qs [N, K/32, 32] int8; w = q * d (`Int8BlockWeight`).
  *
  * Each block is dequantized once into float vectors and multiplied into every token of the
- * tile; above DEQUANT_TOKENS tokens a row group is dequantized once into L1 and the float
+ * tile; above DEQUANT_TOKENS tokens a panel of rows is dequantized once into L2 and the float
  * tiles of f32_ops.c take over. Threads split the weight rows in groups of four, each group's
  * bytes fetched a group ahead, like int8_rows_for. Built for AVX-512 where the CPU has it,
  * else AVX2 + FMA + F16C.
@@ -54,6 +54,8 @@ typedef __m256 vf;
 /* above this many tokens a group is dequantized once and multiplied by float tiles: each
  * weight is then unpacked once per call, not once per four tokens */
 #define DEQUANT_TOKENS 8
+#define PANEL_ROWS 32          /* rows a many-token step dequantizes at once */
+#define PANEL_FLOATS (1 << 16) /* 256 KB: a panel stays in L2 */
 
 /* one block of one row as NV float vectors, in input order */
 INLINE void dequant(const uint8_t *qs, int bits, float d, float m, vf w[NV]) {
@@ -147,18 +149,6 @@ INLINE void row_group(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
         halves(m16 + n * kb, ms, nr * kb);
     else
         for (int64_t i = 0; i < nr * kb; i++) ms[i] = 0.0f;
-    if (T > DEQUANT_TOKENS && K <= 8192) {
-        /* many tokens: the group's rows dequantized once into L1, then the float tiles */
-        float w[ROWS * K];
-        for (int i = 0; i < nr; i++)
-            for (int64_t b = 0; b < kb; b++) {
-                vf v[NV];
-                dequant(q + (i * kb + b) * bits * 4, bits, ds[i * kb + b], ms[i * kb + b], v);
-                for (int j = 0; j < NV; j++) vstore(w + i * K + b * Q4_BLOCK + j * VW, v[j]);
-            }
-        f32_group_tiles(x, T, ldx, w, nr, K, bias ? bias + n : NULL, y + n, ldy);
-        return;
-    }
     float out[ROWS][TOKENS];
     for (int64_t t = 0; t < T; t += TOKENS) {
         int tr = T - t < TOKENS ? (int)(T - t) : TOKENS;
@@ -203,9 +193,44 @@ static void group8(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
     row_group(x, T, ldx, qs, 8, d16, NULL, bias, n, nr, N, K, y, ldy);
 }
 
+/* rows n .. n + nr of a many-token step: dequantized once into w, then the float tiles, which
+ * keep each tile of tokens in L1 across all nr rows (the panel itself stays in L2) */
+static void panel(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
+                  const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t n,
+                  int64_t nr, int64_t K, float *w, float *y, int64_t ldy) {
+    const int64_t kb = K / Q4_BLOCK, bytes = kb * bits * 4;
+    for (int64_t i = 0; i < nr; i++) {
+        float ds[kb], ms[kb];
+        halves(d16 + (n + i) * kb, ds, kb);
+        if (m16) halves(m16 + (n + i) * kb, ms, kb);
+        for (int64_t b = 0; b < kb; b++) {
+            vf v[NV];
+            dequant(qs + (n + i) * bytes + b * bits * 4, bits, ds[b], m16 ? ms[b] : 0.0f, v);
+            for (int j = 0; j < NV; j++) vstore(w + i * K + b * Q4_BLOCK + j * VW, v[j]);
+        }
+    }
+    f32_group_tiles(x, T, ldx, w, (int)nr, K, bias ? bias + n : NULL, y + n, ldy);
+}
+
 void block_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
                     const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
                     int64_t K, float *y, int64_t ldy) {
+    if (T > DEQUANT_TOKENS && K <= 8192) {
+        /* many tokens: panels of up to PANEL_ROWS rows, at most 256 KB of floats each, so a
+         * step's activations are read once a panel instead of once every four rows (at 512
+         * tokens they no longer fit in L2, and streaming them per group bound the GEMM) */
+        int64_t rows = PANEL_FLOATS / K / ROWS * ROWS;
+        rows = rows > PANEL_ROWS ? PANEL_ROWS : rows < ROWS ? ROWS : rows;
+        float w[rows * K];
+        const int64_t panels = (N + rows - 1) / rows;
+#pragma omp for schedule(dynamic) /* a thread held up elsewhere takes fewer panels */
+        for (int64_t p = 0; p < panels; p++) {
+            int64_t n = p * rows;
+            panel(x, T, ldx, qs, bits, d16, m16, bias, n, N - n < rows ? N - n : rows, K, w, y,
+                  ldy);
+        }
+        return;
+    }
     int64_t groups = (N + ROWS - 1) / ROWS;
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < groups; g++) {

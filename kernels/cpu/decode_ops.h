@@ -18,7 +18,7 @@ void block_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, i
 /* a float32 matmul y = x w^T + bias from row-major weights (f32_ops.c), work-shared alike */
 void f32_rows_for(const float *x, int64_t T, int64_t ldx, const float *w, const float *bias,
                   int64_t N, int64_t K, float *y, int64_t ldy);
-/* rows [0, nr <= 4) of a row-major float weight against T tokens, into y's first nr columns */
+/* rows [0, nr) of a row-major float weight against T tokens, into y's first nr columns */
 void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int nr, int64_t K,
                      const float *bias, float *y, int64_t ldy);
 /* out = norm(x + res) * w, res_out = x + res (res NULL: norm(x) * w) */

@@ -57,7 +57,9 @@ INLINE void tile(const float *x, int64_t ldx, const float *w, int64_t K, int nr,
         }
 }
 
-/* rows [0, nr) of w (row-major, K floats each) against every token: y[t][i] (+ bias[i]) */
+/* rows [0, nr) of w (row-major, K floats each) against every token: y[t][i] (+ bias[i]).
+ * Token tiles outside, row groups inside: a tile's activations stay in L1 across all nr rows,
+ * so a panel of many rows (block_ops.c) reads the step's activations once, not once a group */
 void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int nr, int64_t K,
                      const float *bias, float *y, int64_t ldy) {
     float out[ROWS][TOKENS];
@@ -66,8 +68,8 @@ void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int
     for (int64_t t = 0; t < T; t += height) {
         int tr = T - t < height ? (int)(T - t) : (int)height;
         const float *xt = x + t * ldx;
-        for (int r = 0; r < nr; r += (nr == ROWS ? ROWS : 1)) {
-            int rows = nr == ROWS ? ROWS : 1;
+        for (int r = 0; r < nr; r += (nr - r >= ROWS ? ROWS : 1)) {
+            int rows = nr - r >= ROWS ? ROWS : 1;
             /* constant tile shapes, so the accumulators stay in registers */
 #define TILE(R)                                                                                \
     switch (tr) {                                                                              \
