@@ -8,6 +8,12 @@ fewer then runs faster than all of them. No fixed count is right for both cases,
 governor measures: it alternates the candidate counts step by step for a short trial, keeps
 the one with the lowest median seconds per row, and tries again every `explore_every` steps
 or at once when the chosen count's pace drifts from what it measured (a neighbour came or went).
+
+A trial must be cheap when the machine is busy: there, one step with every thread can take
+30-50x a one-thread step (each barrier waits out a scheduler slice). So a count whose fastest
+trial step is `abandon` times another count's median leaves the trial after that one step, and
+a trial that keeps the count doubles the wait before the next (up to `max_backoff` times
+`explore_every`); a change of count or a drift resets it.
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ def candidates(max_threads: int) -> list[int]:
 class ThreadGovernor:
     def __init__(self, max_threads: int | None = None, policy: str = "adaptive",
                  trial_steps: int = 6, explore_every: int = 400, drift: float = 1.6,
+                 abandon: float = 3.0, max_backoff: int = 4,
                  set_threads: Callable[[int], None] = torch.set_num_threads,
                  clock: Callable[[], float] = time.perf_counter):
         if policy not in POLICIES:
@@ -38,6 +45,9 @@ class ThreadGovernor:
         self.trial_steps = trial_steps
         self.explore_every = explore_every
         self.drift = drift
+        self.abandon = abandon
+        self.max_backoff = max_backoff
+        self.interval = explore_every  # steps before the next periodic trial (backs off)
         self._set = set_threads
         self._clock = clock
         self.chosen = self.max_threads
@@ -55,12 +65,12 @@ class ThreadGovernor:
         return len(self.options) > 1
 
     def before_step(self) -> None:
-        if self.adaptive and self._trial is None and self._steps_since >= self.explore_every:
+        if self.adaptive and self._trial is None and self._steps_since >= self.interval:
             self._trial = {n: [] for n in self.options}
         if self._trial is not None:
             # the count with the fewest samples next: the trial alternates them step by step
             trial = self._trial
-            self._apply(min(self.options, key=lambda n: len(trial[n])))
+            self._apply(min(trial, key=lambda n: len(trial[n])))
         self._started = self._clock()
 
     def after_step(self, rows: int) -> None:
@@ -70,6 +80,7 @@ class ThreadGovernor:
         pace = (self._clock() - self._started) / rows
         if self._trial is not None:
             self._trial[self._current].append(pace)
+            self._drop_hopeless(self._trial)
             if all(len(v) >= self.trial_steps for v in self._trial.values()):
                 self._decide()
             return
@@ -77,16 +88,31 @@ class ThreadGovernor:
         self._recent = (self._recent + [pace])[-self.trial_steps:]
         if self.pace is None:
             if len(self._recent) == self.trial_steps:  # first steps warm up; then a trial
-                self._steps_since = self.explore_every
+                self._steps_since = self.interval
         elif len(self._recent) == self.trial_steps:
             now = _median(self._recent)
             if now > self.pace * self.drift or now < self.pace / self.drift:
-                self._steps_since = self.explore_every
+                self.interval = self.explore_every
+                self._steps_since = self.interval
+
+    def _drop_hopeless(self, trial: dict[int, list[float]]) -> None:
+        """Counts whose fastest step so far is `abandon` times the best median leave the
+        trial (the best count itself never does)."""
+        sampled = [v for v in trial.values() if v]
+        if len(sampled) < 2:
+            return
+        best = min(_median(v) for v in sampled)
+        for n in [n for n, v in trial.items() if v and min(v) > self.abandon * best]:
+            del trial[n]
 
     def _decide(self) -> None:
         assert self._trial is not None
         medians = {n: _median(v) for n, v in self._trial.items()}
-        self.chosen = min(medians, key=medians.__getitem__)
+        kept = min(medians, key=medians.__getitem__)
+        self.interval = (min(self.interval * 2, self.explore_every * self.max_backoff)
+                         if kept == self.chosen and self.pace is not None
+                         else self.explore_every)
+        self.chosen = kept
         self.pace = medians[self.chosen]
         self._trial = None
         self._recent = []

@@ -10,13 +10,15 @@ from runtime.thread_governor import ThreadGovernor, candidates
 
 class Machine:
     """Two cores: quiet, two threads run a row in 1 ms and one thread in 1.8 ms; with a
-    neighbour on one core, two threads stall at every barrier (8 ms) and one runs in 2 ms."""
+    neighbour on one core, two threads stall at every barrier (60 ms: 30x one thread, as
+    measured on the 2-core VMs) and one runs in 2 ms."""
 
     def __init__(self):
         self.now = 0.0
         self.threads = 0
         self.neighbour = False
         self.set_calls: list[int] = []
+        self.stalled = 0  # steps run with every thread while the neighbour was there
 
     def set_threads(self, n: int) -> None:
         self.threads = n
@@ -27,8 +29,9 @@ class Machine:
 
     def run(self, governor: ThreadGovernor, rows: int = 4) -> None:
         governor.before_step()
-        per_row = {(2, False): 1e-3, (1, False): 1.8e-3, (2, True): 8e-3, (1, True): 2e-3}
+        per_row = {(2, False): 1e-3, (1, False): 1.8e-3, (2, True): 60e-3, (1, True): 2e-3}
         self.now += rows * per_row[(self.threads, self.neighbour)]
+        self.stalled += self.threads == 2 and self.neighbour
         governor.after_step(rows)
 
 
@@ -64,6 +67,25 @@ def test_a_neighbour_moves_it_to_one_thread_and_leaving_moves_it_back():
     for _ in range(250):
         m.run(g)
     assert g.chosen == 2 and g.trials >= 3
+
+
+def test_a_lasting_neighbour_costs_one_stalled_step_a_trial_and_trials_back_off():
+    m = Machine()
+    g = governor_on(m, explore_every=200)
+    for _ in range(50):
+        m.run(g)
+    m.neighbour = True
+    for _ in range(20):  # the drift is seen after trial_steps steps; the trial moves to one
+        m.run(g)
+    assert g.chosen == 1
+    stalled, trials = m.stalled, g.trials
+    for _ in range(4000):
+        m.run(g)
+    later = g.trials - trials
+    assert g.chosen == 1 and later >= 2  # it keeps looking, and keeps one thread
+    assert m.stalled - stalled == later  # each trial drops two threads after one step
+    assert later <= 7  # 200, 400, 800, then every 800 steps: not 20 trials of 200
+    assert g.interval == 800
 
 
 def test_fixed_policy_never_changes_the_count():
