@@ -100,6 +100,9 @@ def parse_args(argv=None):
                         "once with bench/peers/build_llama_server.sh)")
     p.add_argument("--busy-streams", default="8",
                    help="stream counts measured again with one core kept busy (with --servers)")
+    p.add_argument("--busy-peer", action="store_true",
+                   help="measure llama.cpp's server with the busy core too (slow: over ten "
+                        "minutes at 8 streams on a 2-core VM)")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: ours (CUDA graphs on and off) against transformers on the same "
                         "GPU in bfloat16 (bench/engine_cuda.py); default scenarios single,64,256 "
@@ -137,7 +140,8 @@ def run_against_llama(args, path: str, engine) -> dict | None:
     busy = [int(x) for x in args.busy_streams.split(",") if x.strip()]
     load = load_average()
     runs = run_servers(path, streams, busy, common.num_cores(),
-                       our_flags=["--quantization", args.quantization], log=log)
+                       our_flags=["--quantization", args.quantization], log=log,
+                       busy_peer=args.busy_peer)
     table, summary = servers_report(runs)
     print(f"\nOurs against llama.cpp's server over HTTP (chat prompts, {OUTPUT_TOKENS} output "
           f"tokens each, EOS ignored, streamed, counted at the client; 1-min load {load:.2f} "
