@@ -13,7 +13,9 @@ A trial must be cheap when the machine is busy: there, one step with every threa
 30-50x a one-thread step (each barrier waits out a scheduler slice). So a count whose fastest
 trial step is `abandon` times another count's median leaves the trial after that one step, and
 a trial that keeps the count doubles the wait before the next (up to `max_backoff` times
-`explore_every`); a change of count or a drift resets it.
+`explore_every`); a change of count or a drift resets it. While it runs fewer threads than
+cores it also watches the machine's idle cores (runtime/cpu_idle.py): half a core more idle
+than when it chose means a neighbour left, and a trial runs at once.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from runtime.cpu_idle import IdleCores
 
 POLICIES = ("adaptive", "fixed")
 
@@ -35,7 +39,8 @@ class ThreadGovernor:
                  trial_steps: int = 6, explore_every: int = 400, drift: float = 1.6,
                  abandon: float = 3.0, max_backoff: int = 4,
                  set_threads: Callable[[int], None] = torch.set_num_threads,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter,
+                 idle_cores: Callable[[], float] | None = None):
         if policy not in POLICIES:
             raise ValueError(f"thread policy must be one of {', '.join(POLICIES)}, "
                              f"not {policy!r}")
@@ -58,6 +63,10 @@ class ThreadGovernor:
         self._current = 0
         self._started = 0.0
         self.trials = 0  # how many trials ran (tests, stats)
+        # idle cores since the last look (None: not watched), and what they were at the choice
+        self._idle = idle_cores if idle_cores is not None or not self.adaptive else \
+            IdleCores.open(self.max_threads)
+        self._idle_at_choice = 0.0
         self._apply(self.chosen)
 
     @property
@@ -91,9 +100,18 @@ class ThreadGovernor:
                 self._steps_since = self.interval
         elif len(self._recent) == self.trial_steps:
             now = _median(self._recent)
-            if now > self.pace * self.drift or now < self.pace / self.drift:
+            if now > self.pace * self.drift or now < self.pace / self.drift \
+                    or self._neighbour_left():
                 self.interval = self.explore_every
                 self._steps_since = self.interval
+
+    def _neighbour_left(self) -> bool:
+        """Every trial_steps steps while fewer threads run than cores: half a core more idle
+        than at the choice."""
+        if (self._idle is None or self.chosen >= self.max_threads
+                or self._steps_since % self.trial_steps):
+            return False
+        return self._idle() >= self._idle_at_choice + 0.5
 
     def _drop_hopeless(self, trial: dict[int, list[float]]) -> None:
         """Counts whose fastest step so far is `abandon` times the best median leave the
@@ -113,6 +131,8 @@ class ThreadGovernor:
                          if kept == self.chosen and self.pace is not None
                          else self.explore_every)
         self.chosen = kept
+        if self._idle is not None:
+            self._idle_at_choice = self._idle()
         self.pace = medians[self.chosen]
         self._trial = None
         self._recent = []

@@ -34,8 +34,13 @@ class Machine:
         self.stalled += self.threads == 2 and self.neighbour
         governor.after_step(rows)
 
+    def idle(self) -> float:
+        """Idle cores: what the worker's threads and the neighbour leave of two."""
+        return max(0.0, 2 - self.threads - self.neighbour - 0.1)
+
 
 def governor_on(machine: Machine, **kw) -> ThreadGovernor:
+    kw.setdefault("idle_cores", machine.idle)
     return ThreadGovernor(2, set_threads=machine.set_threads, clock=machine.clock, **kw)
 
 
@@ -67,6 +72,38 @@ def test_a_neighbour_moves_it_to_one_thread_and_leaving_moves_it_back():
     for _ in range(250):
         m.run(g)
     assert g.chosen == 2 and g.trials >= 3
+
+
+def test_a_neighbour_leaving_shows_in_the_idle_cores_at_once():
+    """Without the idle watch only the periodic trial (here every 10,000 steps) would
+    notice; with it the full count is back within a few checks."""
+    m = Machine()
+    g = governor_on(m, explore_every=10_000)
+    for _ in range(50):
+        m.run(g)
+    m.neighbour = True
+    for _ in range(50):
+        m.run(g)
+    assert g.chosen == 1
+    m.neighbour = False
+    for _ in range(30):
+        m.run(g)
+    assert g.chosen == 2 and m.threads == 2
+    blind = governor_on(Machine(), explore_every=10_000, idle_cores=lambda: 0.0)
+    assert blind._idle is not None  # a reader that never sees idle cores: no early trial
+
+
+def test_idle_cores_from_proc_stat(tmp_path):
+    from runtime.cpu_idle import IdleCores
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal
+    stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")
+    reader = IdleCores.open(2, stat)
+    assert reader is not None
+    reader()
+    stat.write_text("cpu  200 0 50 880 70 0 0 0 0 0\ncpu0 1 2 3\n")
+    assert reader() == 2 * 100 / 200  # 100 of 200 jiffies idle on two cores: one core
+    assert IdleCores.open(2, tmp_path / "missing") is None
 
 
 def test_a_lasting_neighbour_costs_one_stalled_step_a_trial_and_trials_back_off():
