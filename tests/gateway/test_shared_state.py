@@ -167,8 +167,10 @@ def test_two_gateways_never_overspend_one_budget(fleet):
     paid = [a for a in answers if a.status == 200]
     refused = [a for a in answers if a.status == 402]
     assert len(paid) + len(refused) == 200
-    assert len(paid) == 50  # what the budget covers; each gateway alone would allow 50
-    assert set(Counter(a.gateway for a in paid)) == {0, 1}  # both took part
+    # what the budget covers: the requests alternate between the gateways, 100 each, and a
+    # budget kept per gateway would pay up to 50 on each. Which gateway pays the 50 is a race
+    # (one may spend it all before the other's first reservation lands), so it is not asserted.
+    assert len(paid) == 50
     billed = sum(a.body["usage"]["cost"]["total"] for a in paid)
     assert billed <= BUDGET
     assert refused[0].body["error"]["code"] == "insufficient_quota"
