@@ -26,12 +26,12 @@ def _counters(path: Path) -> tuple[int, int] | None:
 
 class IdleCores:
     """Callable: the average number of idle cores since the previous call (the first call
-    counts since boot)."""
+    counts since the reader was made)."""
 
     def __init__(self, cores: int, path: Path = STAT):
         self.cores = cores
         self.path = path
-        self._last = (0, 0)
+        self._last = _counters(path) or (0, 0)
 
     @classmethod
     def open(cls, cores: int, path: Path = STAT) -> IdleCores | None:

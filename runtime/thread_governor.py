@@ -64,8 +64,9 @@ class ThreadGovernor:
         self._started = 0.0
         self.trials = 0  # how many trials ran (tests, stats)
         # idle cores since the last look (None: not watched), and what they were at the choice
-        self._idle = idle_cores if idle_cores is not None or not self.adaptive else \
-            IdleCores.open(self.max_threads)
+        if idle_cores is None and self.adaptive:
+            idle_cores = IdleCores.open(self.max_threads)
+        self._idle = idle_cores
         self._idle_at_choice = 0.0
         self._apply(self.chosen)
 

@@ -249,11 +249,11 @@ int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const fl
     const Cache c = {kc, vc, cache_slot, cache_head, page};
     const int64_t G = H / KVH;
     /* whole sequences where there are enough to share out, else one KV head a task */
-    const int64_t per = B >= 2 * threads ? KVH : 1, tasks = B * (KVH / per);
+    const int64_t per = B >= 2 * threads ? KVH : 1, per_seq = KVH / per;
     int failed = 0; /* this thread's tasks; the enclosing region's reduction joins them */
 #pragma omp for schedule(dynamic)
-    for (int64_t t = 0; t < tasks; t++) {
-        int64_t b = t / (KVH / per), h0 = t % (KVH / per) * per;
+    for (int64_t t = 0; t < B * per_seq; t++) {
+        int64_t b = t / per_seq, h0 = t % per_seq * per;
         failed |= attend_task(q + b * q_seq, 0, q_head, 1, lens[b] - 1, &c,
                               tables + b * table_stride, h0, h0 + per, G, D, scale,
                               out + b * out_seq, 0, out_head);

@@ -16,8 +16,8 @@
  *
  * Each block is dequantized once into float vectors and multiplied into every token of the
  * tile; above DEQUANT_TOKENS tokens a panel of rows is dequantized once into L2 and the float
- * tiles of f32_ops.c take over. Threads split the weight rows in groups of four, each group's
- * bytes fetched a group ahead, like int8_rows_for. Built for AVX-512 where the CPU has it,
+ * tiles of f32_ops.c take over. Threads split the weight rows in groups of four (small steps,
+ * each group's bytes fetched a group ahead, like int8_rows_for) or in panels (many tokens). Built for AVX-512 where the CPU has it,
  * else AVX2 + FMA + F16C.
  */
 #include <immintrin.h>
@@ -51,7 +51,7 @@ typedef __m256 vf;
 #define NV (Q4_BLOCK / VW) /* vectors per block */
 #define ROWS 4             /* weight rows per group */
 #define TOKENS 4           /* tokens per tile */
-/* above this many tokens a group is dequantized once and multiplied by float tiles: each
+/* above this many tokens a panel is dequantized once and multiplied by float tiles: each
  * weight is then unpacked once per call, not once per four tokens */
 #define DEQUANT_TOKENS 8
 #define PANEL_ROWS 32          /* rows a many-token step dequantizes at once */

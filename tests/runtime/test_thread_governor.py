@@ -89,8 +89,13 @@ def test_a_neighbour_leaving_shows_in_the_idle_cores_at_once():
     for _ in range(30):
         m.run(g)
     assert g.chosen == 2 and m.threads == 2
-    blind = governor_on(Machine(), explore_every=10_000, idle_cores=lambda: 0.0)
-    assert blind._idle is not None  # a reader that never sees idle cores: no early trial
+    m = Machine()  # the same run, with a reader that never sees an idle core
+    blind = governor_on(m, explore_every=10_000, idle_cores=lambda: 0.0)
+    for neighbour, steps in ((False, 50), (True, 50), (False, 30)):
+        m.neighbour = neighbour
+        for _ in range(steps):
+            m.run(blind)
+    assert blind.chosen == 1  # still waiting for the periodic trial
 
 
 def test_idle_cores_from_proc_stat(tmp_path):
