@@ -94,6 +94,9 @@ def parse_args(argv=None):
                    help="turn our prefix cache off (prompts are distinct either way)")
     p.add_argument("--quantization", default="auto",
                    help="our engine's weights: auto (as `make run`), none, int8, int4")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   help="our engine's KV cache: auto (as `make run`), float32, float16, "
+                        "bfloat16")
     p.add_argument("--servers", default=None,
                    help="comma list of concurrent streams for ours against llama.cpp's server "
                         "over HTTP (e.g. 1,8,32,64; default: skipped; builds llama-server "
@@ -180,8 +183,10 @@ def main(argv=None) -> int:
                                         max_num_batched_tokens=args.max_num_batched_tokens,
                                         kv_cache_bytes=int(args.kv_gib * (1 << 30)),
                                         enable_prefix_caching=not args.no_prefix_caching,
-                                        seed=args.seed, quantization=args.quantization))
-    log(f"[bench] our weights: {engine.runner.model.quantization}")
+                                        seed=args.seed, quantization=args.quantization,
+                                        kv_cache_dtype=args.kv_cache_dtype))
+    log(f"[bench] our weights: {engine.runner.model.quantization}, KV cache: "
+        f"{str(engine.runner.kv_dtype).removeprefix('torch.')}")
     hf = None
     if not args.skip_transformers:
         log("[bench] loading transformers reference (dequantizes the GGUF) ...")

@@ -35,7 +35,7 @@ class LayerWeights(ctypes.Structure):
 class StepCache(ctypes.Structure):
     _fields_ = [("cos", _P), ("sin", _P), ("k_cache", _P), ("v_cache", _P),
                 ("cache_slot", _I), ("cache_head", _I), ("slots", _P), ("tables", _P),
-                ("lens", _P), ("table_stride", _I), ("page", _I)]
+                ("lens", _P), ("table_stride", _I), ("page", _I), ("kind", _I)]
 
 
 # a block weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
@@ -105,8 +105,8 @@ class FusedDecoder:
         k, v = kv_caches[0]
         return (meta.num_chunks == 0 and meta.num_decode == num_tokens
                 and 0 < num_tokens <= self.max_rows and meta.cos.dtype == torch.float32
-                and k.dtype == torch.float32 and k.stride() == v.stride()
-                and k.stride(-1) == 1)
+                and cpu_ops.accepts_cache(k.dtype) and k.dtype == v.dtype
+                and k.stride() == v.stride() and k.stride(-1) == 1)
 
     def forward(self, x: torch.Tensor, meta, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, hidden] (the embeddings, overwritten); returns (hidden, residual) as the
@@ -124,7 +124,7 @@ class FusedDecoder:
         k0 = kv_caches[0][0]
         step = StepCache(cos.data_ptr(), sin.data_ptr(), None, None, k0.stride(0), k0.stride(1),
                          slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), tables.stride(0),
-                         meta.block_size)
+                         meta.block_size, cpu_ops.CACHE_KINDS[k0.dtype])
         threads = torch.get_num_threads()
         xp, rp, sp, ref = x.data_ptr(), residual.data_ptr(), scratch.data_ptr(), \
             ctypes.byref(step)

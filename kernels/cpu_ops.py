@@ -23,11 +23,11 @@ _SIGNATURES = {
     "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
     "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),
     "is_rotary": ([_P, _I, _I, _I, _I, _I, _P, _P], None),
-    "is_store_kv": ([_P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _P, _I, _I, _I], None),
-    "is_decode_attention": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I, _F,
-                             _P, _I, _I, _C], ctypes.c_int),
-    "is_prefill_attention": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I, _I,
-                              _F, _P, _I, _I, _C], ctypes.c_int),
+    "is_store_kv": ([_P, _I, _I, _P, _I, _I, _P, _P, _C, _I, _I, _P, _I, _I, _I], None),
+    "is_decode_attention": ([_P, _I, _I, _P, _P, _C, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I,
+                             _F, _P, _I, _I, _C], ctypes.c_int),
+    "is_prefill_attention": ([_P, _I, _I, _P, _P, _C, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I,
+                              _I, _F, _P, _I, _I, _C], ctypes.c_int),
 }
 
 
@@ -54,6 +54,15 @@ def available() -> bool:
 def accepts(dtype: torch.dtype) -> bool:
     """Whether the C ops take CPU tensors of this dtype: float32, library built."""
     return dtype == torch.float32 and available()
+
+
+# the KV cache element types the C ops read and write, as simd.h numbers them
+CACHE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def accepts_cache(dtype: torch.dtype) -> bool:
+    """Whether the C ops read and write a KV cache of this dtype (float32 queries)."""
+    return dtype in CACHE_KINDS and available()
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
@@ -164,18 +173,21 @@ def apply_rotary_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 
 def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """key, value [T, KVH, D] (inner stride 1) into caches [slots, KVH, D] at slot_mapping."""
+    """float32 key, value [T, KVH, D] (inner stride 1) into caches [slots, KVH, D] of a
+    `CACHE_KINDS` dtype at slot_mapping (negative slots skipped), rounded as torch casts."""
     t, kvh, d = key.shape
     slot_mapping = slot_mapping.contiguous()
     _lib.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
                   value.stride(0), value.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                  k_cache.stride(0), k_cache.stride(1), slot_mapping.data_ptr(), t, kvh, d)
+                  CACHE_KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1),
+                  slot_mapping.data_ptr(), t, kvh, d)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                      scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, H, D] against caches [slots, KVH, D]; tables [B, W], lens [B] int64."""
+    """q [B, H, D] against caches [slots, KVH, D] of a `CACHE_KINDS` dtype; tables [B, W],
+    lens [B] int64."""
     b, h, d = q.shape
     if out is None:
         out = torch.empty(b, h, d, dtype=torch.float32)
@@ -183,9 +195,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     lens = context_lens.contiguous()
     failed = _lib.decode_attention(
         q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.stride(0), k_cache.stride(1), tables.data_ptr(), tables.stride(0),
-        lens.data_ptr(), b, h, k_cache.shape[1], d, block_size, scale, out.data_ptr(),
-        out.stride(0), out.stride(1), torch.get_num_threads())
+        CACHE_KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1), tables.data_ptr(),
+        tables.stride(0), lens.data_ptr(), b, h, k_cache.shape[1], d, block_size, scale,
+        out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads())
     if failed:
         raise MemoryError("decode attention could not allocate its score buffer")
     return out
@@ -206,9 +218,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     prefix = num_prefix.to(torch.int64).contiguous()
     failed = _lib.prefill_attention(
         q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.stride(0), k_cache.stride(1), tables.data_ptr(), tables.stride(0),
-        starts.data_ptr(), prefix.data_ptr(), tables.shape[0], h, k_cache.shape[1], d,
-        block_size, scale, out.data_ptr(), out.stride(0), out.stride(1),
+        CACHE_KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1), tables.data_ptr(),
+        tables.stride(0), starts.data_ptr(), prefix.data_ptr(), tables.shape[0], h,
+        k_cache.shape[1], d, block_size, scale, out.data_ptr(), out.stride(0), out.stride(1),
         torch.get_num_threads())
     if failed:
         raise MemoryError("prefill attention could not allocate its state")

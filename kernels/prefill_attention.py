@@ -31,7 +31,8 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
     slots: [num_prefix + n] flat cache slots of the whole context (the new tokens' K/V are
     already stored). When num_prefix is 0 and k_new/v_new are given, they are used directly
-    instead of reading the cache back. Causal: position i sees positions <= i.
+    instead of reading the cache back (rounded to the cache's dtype first, so the result is
+    the cache's either way). Causal: position i sees positions <= i.
     """
     n = q.shape[0]
     if num_prefix == 0 and k_new is not None:
@@ -39,6 +40,8 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     else:
         k = k_cache.index_select(0, slots)
         v = v_cache.index_select(0, slots)
+    # what the cache holds, in q's dtype: a narrower cache's rounding included
+    k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
     qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if num_prefix == 0:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,

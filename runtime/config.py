@@ -40,6 +40,9 @@ class ModelConfig:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Limits of the scheduler and the KV pool. All counts are in tokens unless named otherwise."""
@@ -59,6 +62,9 @@ class EngineConfig:
     spec_max_batch: int = 4  # no speculation in steps decoding more requests than this
     device: str = "cpu"
     dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    # the KV cache's elements: auto (float16 under a float32 model on the CPU, else the
+    # model's dtype), float32, float16 or bfloat16 (runtime/model_runner.resolve_kv_dtype)
+    kv_cache_dtype: str = "auto"
     cuda_graphs: bool = True  # decode steps replay CUDA graphs on CUDA (runtime/cuda_graphs.py)
     overlap: str = "auto"  # auto | on | off: plan a step while the last runs (runtime/overlap.py)
     thread_policy: str = "adaptive"  # adaptive | fixed (runtime/thread_governor.py)
@@ -70,3 +76,6 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"not {self.kv_cache_dtype!r}")

@@ -166,7 +166,7 @@ class Disagg:
         self.timing[rid] = dict(frame.timing or {})
         runner = self.engine.runner
         self.transport.recv(rid, frame.key, frame.tag, len(block_ids), runner.block_shape,
-                            runner.dtype)
+                            runner.kv_dtype)
 
     def on_internal(self, message: dict) -> None:
         kind, rid = message["type"], message["id"]

@@ -85,13 +85,13 @@ class LLMEngine(Disaggregation):
         except OSError:
             stamp = "?"
         return (f"{self.model_config.name}|{os.path.abspath(src)}|{stamp}|{self.runner.dtype}"
-                f"|{self.runner.model.quantization}")
+                f"|{self.runner.model.quantization}|kv:{self.runner.kv_dtype}")
 
     def _open_disk_cache(self) -> DiskKVCache | None:
         if not (self.config.enable_prefix_caching and self.config.disk_cache_dir):
             return None
         return DiskKVCache(self.config.disk_cache_dir, self.config.disk_cache_bytes,
-                           self.runner.block_shape, self.runner.dtype)
+                           self.runner.block_shape, self.runner.kv_dtype)
 
     def close(self) -> None:
         """Write every cached block to the disk tier and wait for the writes, so a restart

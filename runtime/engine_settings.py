@@ -45,6 +45,10 @@ class EngineSettings:
     quantization: str = setting(_ENGINE.quantization,
                                 "weights: auto (int8 for a quantized GGUF on a vectorized CPU), "
                                 "none, int8 or int4")
+    kv_cache_dtype: str = setting(_ENGINE.kv_cache_dtype,
+                                  "KV-cache elements: auto (float16 under a float32 model on "
+                                  "the CPU, else the model's dtype), float32, float16, "
+                                  "bfloat16")
     overlap: str = setting(_ENGINE.overlap,
                            "plan each step while the last one runs: auto (on CUDA), on or off")
     kv_cache_gb: float = setting(_ENGINE.kv_cache_bytes / GIB, "KV-cache memory per worker, GiB",

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import torch
 
+import kernels
 from runtime import step_inputs
 from runtime.attention import AttentionMetadata, RotaryTable
 from runtime.block_pool import padding_block_id
@@ -43,10 +44,25 @@ def resolve_dtype(config: EngineConfig) -> torch.dtype:
     return getattr(torch, config.dtype)
 
 
-def num_kv_blocks(model_cfg: ModelConfig, config: EngineConfig, dtype: torch.dtype) -> int:
+def resolve_kv_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's element type for a model computing in `dtype`. `auto`: float16 where
+    the compiled CPU attention reads it (a float32 model on the CPU: half the bytes decode
+    attention waits for, twice the tokens in the same memory; llama.cpp's default too), else
+    the model's own. The Triton kernels (CUDA) read only the model's dtype."""
+    triton = config.device.startswith("cuda") or kernels.FORCE_TRITON
+    if config.kv_cache_dtype == "auto":
+        return torch.float16 if not triton and kernels.cpu_ops_take(dtype) else dtype
+    chosen = getattr(torch, config.kv_cache_dtype)
+    if triton and chosen != dtype:
+        raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype}: the Triton kernels read "
+                         f"only the model's dtype ({str(dtype).removeprefix('torch.')})")
+    return chosen
+
+
+def num_kv_blocks(model_cfg: ModelConfig, config: EngineConfig, kv_dtype: torch.dtype) -> int:
     if config.num_blocks is not None:
         return config.num_blocks
-    per_token = model_cfg.kv_bytes_per_token // 4 * torch.finfo(dtype).bits // 8
+    per_token = model_cfg.kv_bytes_per_token // 4 * torch.finfo(kv_dtype).bits // 8
     return max(1, config.kv_cache_bytes // (per_token * config.block_size))
 
 
@@ -56,6 +72,7 @@ class ModelRunner:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config)
+        self.kv_dtype = resolve_kv_dtype(config, self.dtype)  # the caches' element type
         self.model_cfg = model_cfg
         self.model = self.build_model(model_cfg, weights)
         self.block_size = config.block_size
@@ -63,7 +80,7 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
                                  model_cfg.max_position_embeddings)
         self._rotary_tables: dict[tuple[int, float], RotaryTable] = {}
-        self.num_blocks = num_kv_blocks(model_cfg, config, self.dtype)
+        self.num_blocks = num_kv_blocks(model_cfg, config, self.kv_dtype)
         # the page past the pool's: padding rows of graph buckets write and read only it
         self.padding_block = padding_block_id(self.num_blocks)
         self.kv_caches = self._allocate_kv_cache()
@@ -96,7 +113,7 @@ class ModelRunner:
 
     def write_block(self, block_id: int, kv: torch.Tensor) -> None:
         s = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
-        kv = kv.to(device=self.device, dtype=self.dtype)
+        kv = kv.to(device=self.device, dtype=self.kv_dtype)
         for layer, (k, v) in enumerate(self.kv_caches):
             k[s] = kv[layer, 0]
             v[s] = kv[layer, 1]
@@ -112,8 +129,8 @@ class ModelRunner:
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = ((self.num_blocks + 1) * self.block_size, self.model_cfg.num_key_value_heads,
                  self.model_cfg.head_dim)  # + the padding page
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device))
+        return [(torch.zeros(shape, dtype=self.kv_dtype, device=self.device),
+                 torch.zeros(shape, dtype=self.kv_dtype, device=self.device))
                 for _ in range(self.model_cfg.num_hidden_layers)]
 
     # ---- per-request state -------------------------------------------------------------

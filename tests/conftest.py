@@ -47,11 +47,13 @@ def smollm_checkpoint():
 def smollm_engine(smollm_checkpoint):
     from runtime.config import EngineConfig
     from runtime.engine import LLMEngine
-    # the float path: tests compare it with transformers on the file's own dequantized
-    # weights (the quantized path has its own, tests/runtime/test_quantization.py)
+    # the float path, float32 weights and cache: tests compare it with transformers on the
+    # file's own dequantized weights (the quantized path and the float16 cache have their own,
+    # tests/runtime/test_quantization.py and test_vs_transformers.py)
     return LLMEngine(smollm_checkpoint, EngineConfig(kv_cache_bytes=256 << 20,
                                                      max_num_batched_tokens=256,
-                                                     quantization="none"))
+                                                     quantization="none",
+                                                     kv_cache_dtype="float32"))
 
 
 @pytest.fixture(scope="session")

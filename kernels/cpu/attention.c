@@ -1,4 +1,6 @@
-/* Attention over the paged KV cache on the CPU, float32: decodes (one new token a sequence)
+/* Attention over the paged KV cache on the CPU, float32 queries against a float32, float16 or
+ * bfloat16 cache (each body compiled once per element type, so its loads carry no branch):
+ * decodes (one new token a sequence)
  * and prefill/extend chunks (many new tokens a sequence, causal), one kernel for both.
  *
  * Why: at 64 decoding sequences of a few hundred tokens, a step reads about 1 GB of K/V,
@@ -13,7 +15,7 @@
  * L1 across the tile's rows x G query vectors.
  *
  * Layout: q and out [T, H, D] with row and head strides; caches [slots, KVH, D] (slot and
- * head strides in floats, unit inner stride); position p of a sequence lives in slot
+ * head strides in elements, unit inner stride); position p of a sequence lives in slot
  * table[p / page] * page + p % page. Query row r of a task sits at position first + r and
  * sees positions 0..first + r. KV head h serves query heads h * G .. h * G + G - 1.
  */
@@ -21,6 +23,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "decode_ops.h"
 #include "simd.h"
@@ -29,6 +32,42 @@
 #define TILE_ROWS 16 /* query rows of a prefill task */
 #define QG 3         /* query vectors of one KV head scored together */
 #define AHEAD 2      /* chunks between the one computed and the one fetched */
+
+/* cache values from element `at` of base as floats: 16, 8 or one */
+#ifdef __AVX512F__
+INLINE __m512 kv16(const void *base, int64_t at, int kind) {
+    if (kind == KV_F32) return _mm512_loadu_ps((const float *)base + at);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
+    if (kind == KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+INLINE __m256 kv8(const void *base, int64_t at, int kind) {
+    if (kind == KV_F32) return _mm256_loadu_ps((const float *)base + at);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + at));
+    if (kind == KV_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+INLINE float kv1(const void *base, int64_t at, int kind) {
+    if (kind == KV_F32) return ((const float *)base)[at];
+    uint16_t h = ((const uint16_t *)base)[at];
+    if (kind == KV_F16) return _cvtsh_ss(h);
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* q . the cache row at element `at`, D values */
+INLINE float dot_kv(const float *q, const void *base, int64_t at, int64_t D, int kind) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv8(base, at + d, kind), acc);
+    float s = hsum(acc);
+    for (; d < D; d++) s += q[d] * kv1(base, at + d, kind);
+    return s;
+}
 
 #ifdef __AVX512F__
 /* lanes i and j of a 4 x 4 index transposed: the reduction tree below leaves position
@@ -58,8 +97,8 @@ INLINE __m512 sums16(__m512 a[CHUNK]) {
 /* s[j][i] = scale * q_j . k_i for QG query vectors and the keys at kc + offs[i], i < n (an
  * offs past n repeats offs[0], a real row; the softmax masks those lanes). Each key row is
  * loaded once for the QG vectors: three FMAs a load, where one vector at a time is load-bound */
-INLINE void chunk_scores(const float *const q[QG], const float *kc, const int64_t *offs, int n,
-                         int64_t D, float scale, float s[QG][CHUNK]) {
+INLINE void chunk_scores(const float *const q[QG], const void *kc, const int64_t *offs, int n,
+                         int64_t D, float scale, float s[QG][CHUNK], int kind) {
 #ifdef __AVX512F__
     if (D % 16 == 0) {
         __m512 part[QG][CHUNK];
@@ -74,7 +113,7 @@ INLINE void chunk_scores(const float *const q[QG], const float *kc, const int64_
                 __m512 qv[QG];
                 for (int j = 0; j < QG; j++) qv[j] = _mm512_loadu_ps(q[j] + d);
                 for (int p = 0; p < 4; p++) {
-                    __m512 kv = _mm512_loadu_ps(kc + offs[i0 + p] + d);
+                    __m512 kv = kv16(kc, offs[i0 + p] + d, kind);
                     for (int j = 0; j < QG; j++)
                         acc[j][p] = _mm512_fmadd_ps(qv[j], kv, acc[j][p]);
                 }
@@ -88,13 +127,13 @@ INLINE void chunk_scores(const float *const q[QG], const float *kc, const int64_
     }
 #endif
     for (int j = 0; j < QG; j++)
-        for (int i = 0; i < n; i++) s[j][i] = dot(q[j], kc + offs[i], D) * scale;
+        for (int i = 0; i < n; i++) s[j][i] = dot_kv(q[j], kc, offs[i], D, kind) * scale;
 }
 
 /* acc_j[0..D) = acc_j * corr[j] + sum_i w[j][i] * v_i for the QG vectors: each value row
  * loaded once for all of them */
 INLINE void add_values(float *const acc[QG], const float corr[QG], float w[QG][CHUNK],
-                       const float *vc, const int64_t *offs, int n, int64_t D) {
+                       const void *vc, const int64_t *offs, int n, int64_t D, int kind) {
     int64_t d = 0;
 #ifdef __AVX512F__
     for (; d + 64 <= D; d += 64) {
@@ -104,9 +143,8 @@ INLINE void add_values(float *const acc[QG], const float corr[QG], float w[QG][C
                 a[j][c] = _mm512_mul_ps(_mm512_loadu_ps(acc[j] + d + 16 * c),
                                         _mm512_set1_ps(corr[j]));
         for (int i = 0; i < n; i++) {
-            const float *vp = vc + offs[i] + d;
             __m512 v[4];
-            for (int c = 0; c < 4; c++) v[c] = _mm512_loadu_ps(vp + 16 * c);
+            for (int c = 0; c < 4; c++) v[c] = kv16(vc, offs[i] + d + 16 * c, kind);
             for (int j = 0; j < QG; j++) {
                 __m512 wv = _mm512_set1_ps(w[j][i]);
                 for (int c = 0; c < 4; c++) a[j][c] = _mm512_fmadd_ps(wv, v[c], a[j][c]);
@@ -121,13 +159,12 @@ INLINE void add_values(float *const acc[QG], const float corr[QG], float w[QG][C
         for (; e + 8 <= D; e += 8) {
             __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + e), _mm256_set1_ps(corr[j]));
             for (int i = 0; i < n; i++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(w[j][i]), _mm256_loadu_ps(vc + offs[i] + e),
-                                    a);
+                a = _mm256_fmadd_ps(_mm256_set1_ps(w[j][i]), kv8(vc, offs[i] + e, kind), a);
             _mm256_storeu_ps(acc[j] + e, a);
         }
         for (; e < D; e++) {
             float a = acc[j][e] * corr[j];
-            for (int i = 0; i < n; i++) a += w[j][i] * vc[offs[i] + e];
+            for (int i = 0; i < n; i++) a += w[j][i] * kv1(vc, offs[i] + e, kind);
             acc[j][e] = a;
         }
     }
@@ -164,8 +201,9 @@ INLINE float chunk_weights(float *s, int n, float *m, float *l) {
 
 /* the cache one layer reads */
 typedef struct {
-    const float *k, *v;
-    int64_t slot, head, page; /* strides in floats; positions a page */
+    const void *k, *v;
+    int64_t slot, head, page; /* strides in elements; positions a page */
+    int kind;                 /* KV_F32, KV_F16 or KV_BF16 */
 } Cache;
 
 INLINE int64_t slot_of(const int64_t *table, int64_t page, int64_t p) {
@@ -173,11 +211,13 @@ INLINE int64_t slot_of(const int64_t *table, int64_t page, int64_t p) {
 }
 
 /* rows [0, rows) of one sequence's queries at positions first.., against its context, for
- * KV heads [h0, h1); -1 when its state could not be allocated */
-static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t rows,
+ * KV heads [h0, h1), the cache's elements of type `kind` (a constant in each copy); -1 when
+ * its state could not be allocated */
+INLINE int attend_body(const float *q, int64_t q_row, int64_t q_head, int64_t rows,
                        int64_t first, const Cache *c, const int64_t *table, int64_t h0,
                        int64_t h1, int64_t G, int64_t D, float scale, float *out,
-                       int64_t out_row, int64_t out_head) {
+                       int64_t out_row, int64_t out_head, int kind) {
+    const int64_t size = kv_size(kind), line = 64 / size; /* bytes an element, elements a line */
     const int64_t heads = (h1 - h0) * G, vectors = rows * heads, end = first + rows;
     float *state = malloc(sizeof(float) * (size_t)((vectors + 1) * (D + 2)));
     if (!state) return -1;
@@ -195,14 +235,16 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
         for (int64_t p = p0 + AHEAD * CHUNK; p < p0 + (AHEAD + 1) * CHUNK && p < end; p++) {
             int64_t at = slot_of(table, c->page, p) * c->slot + h0 * c->head;
             for (int64_t h = 0; h < h1 - h0; h++)
-                for (int64_t d = 0; d < D; d += 16) {
-                    _mm_prefetch((const char *)(c->k + at + h * c->head + d), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(c->v + at + h * c->head + d), _MM_HINT_T0);
+                for (int64_t d = 0; d < D; d += line) {
+                    int64_t byte = (at + h * c->head + d) * size;
+                    _mm_prefetch((const char *)c->k + byte, _MM_HINT_T0);
+                    _mm_prefetch((const char *)c->v + byte, _MM_HINT_T0);
                 }
         }
         for (int i = n; i < CHUNK; i++) offs[i] = offs[0];
         for (int64_t h = h0; h < h1; h++) {
-            const float *kh = c->k + h * c->head, *vh = c->v + h * c->head;
+            const char *kh = (const char *)c->k + h * c->head * size;
+            const char *vh = (const char *)c->v + h * c->head * size;
             /* the KV head's query vectors, row by row, QG at a time (the last group padded
              * with a scratch vector); rows that see none of the chunk take no part */
             for (int64_t f = 0; f < rows * G; f += QG) {
@@ -223,11 +265,11 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
                     most = seen[j] > most ? seen[j] : most;
                 }
                 if (!most) continue;
-                chunk_scores(qp, kh, offs, most, D, scale, s);
+                chunk_scores(qp, kh, offs, most, D, scale, s, kind);
                 spare[0] = -INFINITY, spare[1] = 0.0f;
                 for (int j = 0; j < QG; j++)
                     corr[j] = chunk_weights(s[j], seen[j] < most ? seen[j] : most, ms[j], ls[j]);
-                add_values(accs, corr, s, vh, offs, most, D);
+                add_values(accs, corr, s, vh, offs, most, D, kind);
             }
         }
     }
@@ -241,12 +283,24 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
     return 0;
 }
 
-int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const float *kc,
-                         const float *vc, int64_t cache_slot, int64_t cache_head,
+static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t rows,
+                       int64_t first, const Cache *c, const int64_t *table, int64_t h0,
+                       int64_t h1, int64_t G, int64_t D, float scale, float *out,
+                       int64_t out_row, int64_t out_head) {
+#define ATTEND(kind)                                                                       \
+    attend_body(q, q_row, q_head, rows, first, c, table, h0, h1, G, D, scale, out, out_row, \
+                out_head, kind)
+    return c->kind == KV_F16 ? ATTEND(KV_F16) : c->kind == KV_BF16 ? ATTEND(KV_BF16)
+                                                                   : ATTEND(KV_F32);
+#undef ATTEND
+}
+
+int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const void *kc,
+                         const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
                          const int64_t *tables, int64_t table_stride, const int64_t *lens,
                          int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
                          float *out, int64_t out_seq, int64_t out_head, int threads) {
-    const Cache c = {kc, vc, cache_slot, cache_head, page};
+    const Cache c = {kc, vc, cache_slot, cache_head, page, kind};
     const int64_t G = H / KVH;
     /* whole sequences where there are enough to share out, else one KV head a task */
     const int64_t per = B >= 2 * threads ? KVH : 1, per_seq = KVH / per;
@@ -261,16 +315,16 @@ int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const fl
     return failed;
 }
 
-int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const float *kc,
-                        const float *vc, int64_t cache_slot, int64_t cache_head,
+int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const void *kc,
+                        const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
                         int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
                         float *out, int64_t out_seq, int64_t out_head, int threads) {
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
-    failed |= decode_attention_for(q, q_seq, q_head, kc, vc, cache_slot, cache_head, tables,
-                                   table_stride, lens, B, H, KVH, D, page, scale, out, out_seq,
-                                   out_head, threads);
+    failed |= decode_attention_for(q, q_seq, q_head, kc, vc, kind, cache_slot, cache_head,
+                                   tables, table_stride, lens, B, H, KVH, D, page, scale, out,
+                                   out_seq, out_head, threads);
     return failed;
 }
 
@@ -278,13 +332,13 @@ int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const flo
  * (table row i); every row's K/V is already in the cache. Rows outside the chunks are left
  * alone. Tasks are TILE_ROWS rows of one KV head, the latest (longest) tiles handed out
  * first. */
-int is_prefill_attention(const float *q, int64_t q_row, int64_t q_head, const float *kc,
-                         const float *vc, int64_t cache_slot, int64_t cache_head,
+int is_prefill_attention(const float *q, int64_t q_row, int64_t q_head, const void *kc,
+                         const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
                          const int64_t *tables, int64_t table_stride, const int64_t *starts,
                          const int64_t *prefix, int64_t C, int64_t H, int64_t KVH, int64_t D,
                          int64_t page, float scale, float *out, int64_t out_row,
                          int64_t out_head, int threads) {
-    const Cache c = {kc, vc, cache_slot, cache_head, page};
+    const Cache c = {kc, vc, cache_slot, cache_head, page, kind};
     const int64_t G = H / KVH;
     int64_t *first_tile = malloc(sizeof(int64_t) * (size_t)(C + 1));
     if (!first_tile) return -1;

@@ -10,14 +10,16 @@
  *
  * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations; each
  * weight int8 with one float32 scale per row, or in a file's own blocks with its float copy;
- * caches [slots, KVH, D] with unit inner stride, int64 slots, tables and lengths, and B
- * sequences each at the token whose K/V goes to slots[b] and whose context is then lens[b]
- * long. Attention is attention.c's, work-shared inside the region.
+ * caches [slots, KVH, D] of float32, float16 or bfloat16 with unit inner stride, int64
+ * slots, tables and lengths, and B sequences each at the token whose K/V goes to slots[b]
+ * and whose context is then lens[b] long. Attention is attention.c's, work-shared inside the
+ * region.
  */
 #include <stdint.h>
 #include <string.h>
 
 #include "decode_ops.h"
+#include "simd.h"
 
 /* one projection in the forms it has: int8 (q, panels, scale; NULL: none), the file's own
  * blocks (qs, d16, m16, bits; block_ops.c) for steps of up to small_rows rows, and the float
@@ -43,10 +45,11 @@ typedef struct {
 
 typedef struct {
     const float *cos, *sin; /* [B, head_dim] */
-    float *k_cache, *v_cache;
-    int64_t cache_slot, cache_head; /* strides in floats */
+    void *k_cache, *v_cache;
+    int64_t cache_slot, cache_head; /* strides in elements */
     const int64_t *slots, *tables, *lens;
     int64_t table_stride, page;
+    int64_t kind; /* the caches' element type (simd.h) */
 } StepCache;
 
 /* from this many rows the panel kernel runs: on the 2-core VMs the two tied from 8 to 32 rows
@@ -73,7 +76,7 @@ static void matmul_for(const Matrix *m, const float *x, int64_t B, float *y) {
 int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
                     const StepCache *c, int64_t B, float *scratch, int threads) {
     const int64_t H = L->hidden, D = L->head_dim, nq = L->heads * D, nk = L->kv_heads * D;
-    const int64_t nqkv = L->qkv.n;
+    const int64_t nqkv = L->qkv.n, size = kv_size((int)c->kind);
     float *qkv = scratch, *attn = qkv + B * nqkv, *gu = attn + B * nq, *act = gu + B * 2 * L->inter;
     float *h = act + B * L->inter; /* the normed input of each matmul */
     int failed = 0;
@@ -91,15 +94,15 @@ int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
             float *row = qkv + b * nqkv;
             rotate_token(row, L->heads + L->kv_heads, D, D, c->cos + b * D, c->sin + b * D);
             for (int64_t kh = 0; kh < L->kv_heads; kh++) {
-                int64_t at = c->slots[b] * c->cache_slot + kh * c->cache_head;
-                memcpy(c->k_cache + at, row + nq + kh * D, sizeof(float) * (size_t)D);
-                memcpy(c->v_cache + at, row + nq + nk + kh * D, sizeof(float) * (size_t)D);
+                int64_t at = (c->slots[b] * c->cache_slot + kh * c->cache_head) * size;
+                put_kv((char *)c->k_cache + at, row + nq + kh * D, D, (int)c->kind);
+                put_kv((char *)c->v_cache + at, row + nq + nk + kh * D, D, (int)c->kind);
             }
         }
-        failed |= decode_attention_for(qkv, nqkv, D, c->k_cache, c->v_cache, c->cache_slot,
-                                       c->cache_head, c->tables, c->table_stride, c->lens, B,
-                                       L->heads, L->kv_heads, D, c->page, L->attn_scale, attn,
-                                       nq, D, threads);
+        failed |= decode_attention_for(qkv, nqkv, D, c->k_cache, c->v_cache, (int)c->kind,
+                                       c->cache_slot, c->cache_head, c->tables, c->table_stride,
+                                       c->lens, B, L->heads, L->kv_heads, D, c->page,
+                                       L->attn_scale, attn, nq, D, threads);
         matmul_for(&L->o_proj, attn, B, x);
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++)

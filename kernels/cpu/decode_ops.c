@@ -343,18 +343,18 @@ void is_rotary(float *x, int64_t T, int64_t H, int64_t D, int64_t stride_t, int6
         rotate_token(x + t * stride_t, H, D, stride_h, cos + t * D, sin + t * D);
 }
 
-/* ---- store the step's new K/V rows: cache[slot[t], h, :] = new[t, h, :] ---- */
+/* ---- store the step's new K/V rows: cache[slot[t], h, :] = new[t, h, :], converted to the
+ * cache's element type `kind` (simd.h); a negative slot stores nothing ---- */
 void is_store_kv(const float *k, int64_t k_t, int64_t k_h, const float *v, int64_t v_t,
-                 int64_t v_h, float *kc, float *vc, int64_t cache_slot, int64_t cache_head,
-                 const int64_t *slots, int64_t T, int64_t KVH, int64_t D) {
-    for (int64_t t = 0; t < T; t++)
+                 int64_t v_h, void *kc, void *vc, int kind, int64_t cache_slot,
+                 int64_t cache_head, const int64_t *slots, int64_t T, int64_t KVH, int64_t D) {
+    const int64_t size = kv_size(kind);
+    for (int64_t t = 0; t < T; t++) {
+        if (slots[t] < 0) continue;
         for (int64_t h = 0; h < KVH; h++) {
-            const float *ks = k + t * k_t + h * k_h, *vs = v + t * v_t + h * v_h;
-            float *kd = kc + slots[t] * cache_slot + h * cache_head;
-            float *vd = vc + slots[t] * cache_slot + h * cache_head;
-            for (int64_t d = 0; d < D; d++) {
-                kd[d] = ks[d];
-                vd[d] = vs[d];
-            }
+            int64_t at = (slots[t] * cache_slot + h * cache_head) * size;
+            put_kv((char *)kc + at, k + t * k_t + h * k_h, D, kind);
+            put_kv((char *)vc + at, v + t * v_t + h * v_h, D, kind);
         }
+    }
 }

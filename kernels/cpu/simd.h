@@ -3,6 +3,7 @@
 #define INFERSTACK_SIMD_H
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
 
@@ -47,6 +48,37 @@ INLINE float dot(const float *a, const float *b, int64_t D) {
     float s = hsum(acc);
     for (; d < D; d++) s += a[d] * b[d];
     return s;
+}
+
+/* a KV cache's element type (the kind the ops are passed): a float16 cache reads half the
+ * bytes of a float32 one, and at 64 decoding sequences those bytes are what decode attention
+ * waits for */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
+INLINE int64_t kv_size(int kind) { return kind == KV_F32 ? 4 : 2; }
+
+/* n floats into a cache row at dst, rounded to nearest even as torch's casts round */
+INLINE void put_kv(void *dst, const float *src, int64_t n, int kind) {
+    if (kind == KV_F32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *h = dst;
+    int64_t d = 0;
+    if (kind == KV_F16) {
+        for (; d + 8 <= n; d += 8)
+            _mm_storeu_si128((__m128i *)(h + d),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT));
+        for (; d < n; d++) h[d] = _cvtss_sh(src[d], _MM_FROUND_TO_NEAREST_INT);
+        return;
+    }
+    for (; d < n; d++) { /* bfloat16: the float's top half, rounded; NaN stays a quiet NaN */
+        uint32_t bits;
+        memcpy(&bits, src + d, sizeof bits);
+        h[d] = (bits & 0x7fffffffu) > 0x7f800000u
+                   ? (uint16_t)((bits >> 16) | 0x40u)
+                   : (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+    }
 }
 
 #endif

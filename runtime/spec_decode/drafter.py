@@ -47,8 +47,8 @@ class ModelDrafter:
                              f"the target's ({runner.model_cfg.vocab_size})")
         model = runner.build_model(cfg, checkpoint.weights)
         shape = (runner.num_blocks * runner.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        caches = [(torch.zeros(shape, dtype=runner.dtype, device=runner.device),
-                   torch.zeros(shape, dtype=runner.dtype, device=runner.device))
+        caches = [(torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device),
+                   torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device))
                   for _ in range(cfg.num_hidden_layers)]
         return cls(runner, model, caches, catch_up=True)
 

@@ -2,8 +2,9 @@
 references: prefill and extend chunks of every shape the runtime makes (no prefix, a prefix
 ending mid-page, one row, hundreds of rows, several chunks behind decode rows), decodes of
 whole sequences and of single KV heads, head sizes the 16-lane scores take and one they do
-not; never reading a cache slot past a row's own position (those are NaN here), in the
-AVX-512 build and the AVX2 one."""
+not, caches of float32, float16 and bfloat16 (the references widen what the cache holds, so
+only the summation order differs); never reading a cache slot past a row's own position
+(those are NaN here), in the AVX-512 build and the AVX2 one."""
 from __future__ import annotations
 
 import os
@@ -31,15 +32,17 @@ PAGE = 16
 # (cached prefix, new tokens): a whole prompt, a prefix ending mid-page, one new row after a
 # full page, an odd-sized prompt, a long extend, one long prompt of many row tiles
 SEQS = [(0, 1), (15, 16), (16, 1), (0, 17), (17, 33), (250, 70), (0, 300)]
+CACHE_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def chunks_case(seqs, kv_heads, group, head_dim, lead_rows=0, seed=0):
+def chunks_case(seqs, kv_heads, group, head_dim, lead_rows=0, seed=0,
+                cache_dtype=torch.float32):
     """q with `lead_rows` rows before the chunks (where the runtime puts its decodes), the
     caches holding every chunk's whole context, NaN elsewhere."""
     gen = torch.Generator().manual_seed(seed)
     totals = [p + n for p, n in seqs]
     tables, num_blocks = block_tables_for(totals, PAGE, gen)
-    k_cache, v_cache = paged_cache(num_blocks, PAGE, kv_heads, head_dim, torch.float32, "cpu",
+    k_cache, v_cache = paged_cache(num_blocks, PAGE, kv_heads, head_dim, cache_dtype, "cpu",
                                    gen)
     for row, n in zip(tables, totals, strict=True):
         fill_context(k_cache, row, n, PAGE, gen)
@@ -53,8 +56,10 @@ def chunks_case(seqs, kv_heads, group, head_dim, lead_rows=0, seed=0):
 
 @pytest.mark.parametrize("group", [1, 3, 8])
 @pytest.mark.parametrize("head_dim", [64, 128, 40])
-def test_prefill_chunks_match_the_reference(group, head_dim):
-    q, kc, vc, tables, cu, prefix = chunks_case(SEQS, 2, group, head_dim)
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_prefill_chunks_match_the_reference(group, head_dim, cache_dtype):
+    q, kc, vc, tables, cu, prefix = chunks_case(SEQS, 2, group, head_dim,
+                                                cache_dtype=cache_dtype)
     scale = head_dim ** -0.5
     expected = prefill_attention_varlen_ref(q, kc, vc, tables, PAGE, cu, prefix, scale)
     out = poisoned(q.shape, torch.float32, "cpu")
@@ -89,11 +94,12 @@ def test_dispatch_sends_float32_chunks_to_the_c_op(monkeypatch):
 
 @pytest.mark.parametrize("batch", [1, 3, 8])  # single KV heads a task below 2 x threads
 @pytest.mark.parametrize("head_dim", [64, 40])
-def test_decodes_match_the_reference(batch, head_dim):
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_decodes_match_the_reference(batch, head_dim, cache_dtype):
     gen = torch.Generator().manual_seed(batch)
     lens = torch.tensor([1, 16, 17, 100, 333, 5, 64, 31][:batch])
     tables, num_blocks = block_tables_for(lens.tolist(), PAGE, gen)
-    kc, vc = paged_cache(num_blocks, PAGE, 3, head_dim, torch.float32, "cpu", gen)
+    kc, vc = paged_cache(num_blocks, PAGE, 3, head_dim, cache_dtype, "cpu", gen)
     for row, n in zip(tables, lens.tolist(), strict=True):
         fill_context(kc, row, n, PAGE, gen)
         fill_context(vc, row, n, PAGE, gen)
@@ -110,8 +116,9 @@ from kernels import cpu_build, cpu_ops
 from kernels.prefill_attention import prefill_attention_varlen_ref
 from tests.kernels.test_cpu_attention import SEQS, chunks_case
 assert cpu_build.isa() == "avx2" and cpu_ops.available(), cpu_build.unavailable_reason()
-for head_dim in (64, 40):
-    q, kc, vc, tables, cu, prefix = chunks_case(SEQS, 2, 3, head_dim)
+for head_dim, dtype in ((64, torch.float32), (40, torch.float32), (64, torch.float16),
+                       (40, torch.bfloat16)):
+    q, kc, vc, tables, cu, prefix = chunks_case(SEQS, 2, 3, head_dim, cache_dtype=dtype)
     expected = prefill_attention_varlen_ref(q, kc, vc, tables, 16, cu, prefix, 0.125)
     got = cpu_ops.prefill_attention(q, kc, vc, tables, 16, cu, prefix, 0.125)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)

@@ -94,17 +94,24 @@ def test_rotary_rotates_a_strided_view_in_place(head_dim):
     assert torch.equal(qkv[:, (heads + kv_heads) * head_dim:], v_before)  # V untouched
 
 
-def test_store_kv_writes_only_the_given_slots_from_views_of_different_strides():
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_store_kv_writes_only_the_given_slots_from_views_of_different_strides(cache_dtype):
     g = gen(4)
-    kc, vc = torch.zeros(40, 2, 16), torch.zeros(40, 2, 16)
-    qkv = torch.randn(3, 4 * 16 + 2 * 16, generator=g)
-    key = qkv[:, 32:64].view(3, 2, 16)
-    value = torch.randn(3, 2, 16, generator=g)  # contiguous: another row stride
-    slots = torch.tensor([5, 39, 0])
+    kc, vc = torch.zeros(40, 2, 20, dtype=cache_dtype), torch.zeros(40, 2, 20, dtype=cache_dtype)
+    qkv = torch.randn(4, 4 * 20 + 2 * 20, generator=g) * 300  # float16 rounds at this size
+    qkv[0, 40] = 1e6  # past float16's range: inf, as torch's cast makes it
+    qkv[0, 41] = float("nan")
+    key = qkv[:, 40:80].view(4, 2, 20)
+    value = torch.randn(4, 2, 20, generator=g)  # contiguous: another row stride
+    slots = torch.tensor([5, 39, -1, 0])  # a negative slot stores nothing
     cpu_ops.store_kv(key, value, kc, vc, slots)
-    assert torch.equal(kc[slots], key) and torch.equal(vc[slots], value)
+    keep = slots >= 0
+    # rounded to nearest even, bit for bit what torch's cast gives
+    for cache, new in ((kc, key), (vc, value)):
+        torch.testing.assert_close(cache[slots[keep]], new[keep].to(cache_dtype), atol=0,
+                                   rtol=0, equal_nan=True)
     untouched = torch.ones(40, dtype=torch.bool)
-    untouched[slots] = False
+    untouched[slots[keep]] = False
     assert not kc[untouched].any() and not vc[untouched].any()
 
 

@@ -19,12 +19,14 @@ SETTINGS = fields(EngineSettings)
 NON_DEFAULT = {"device": "cuda", "kv_cache_gb": 0.5, "max_num_seqs": 8,
                "max_num_batched_tokens": 256, "prefix_caching": False,
                "disk_cache_dir": "/tmp/kv-disk", "spec": "self:2", "num_spec_tokens": 3,
-               "quantization": "int4", "thread_policy": "fixed", "overlap": "on"}
+               "quantization": "int4", "thread_policy": "fixed", "overlap": "on",
+               "kv_cache_dtype": "float32"}
 NON_DEFAULT_ENGINE = EngineConfig(device="cuda", kv_cache_bytes=1 << 29, max_num_seqs=8,
                                   max_num_batched_tokens=256, enable_prefix_caching=False,
                                   disk_cache_dir="/tmp/kv-disk", spec="self:2",
                                   num_spec_tokens=3, quantization="int4",
-                                  thread_policy="fixed", overlap="on")
+                                  thread_policy="fixed", overlap="on",
+                                  kv_cache_dtype="float32")
 
 
 @pytest.fixture
@@ -83,7 +85,7 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
                        "--disk-cache-dir", "/tmp/kv-disk", "--spec", "self:2",
                        "--num-spec-tokens", "3", "--quantization", "int4",
                        "--thread-policy", "fixed", "--overlap", "on",
-                       "--kv-store", "127.0.0.1:1", "--fake",
+                       "--kv-cache-dtype", "float32", "--kv-store", "127.0.0.1:1", "--fake",
                        "--fake-step-ms", "5"])
     assert (args.model, args.threads, args.kv_store, args.fake, args.fake_step_ms) == (
         "m.gguf", 2, "127.0.0.1:1", True, 5.0)

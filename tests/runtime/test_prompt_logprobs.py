@@ -87,7 +87,9 @@ def test_equal_a_full_sequence_forward(make_tiny_engine, budget):
 def test_equal_transformers_on_the_same_checkpoint(make_tiny_engine, tiny_model_dir):
     from transformers import AutoModelForCausalLM
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
-    engine = make_tiny_engine(max_num_batched_tokens=7)
+    # a float32 cache: the same arithmetic as transformers (float16 has its own test in
+    # tests/runtime/test_vs_transformers.py)
+    engine = make_tiny_engine(max_num_batched_tokens=7, kv_cache_dtype="float32")
     prompt = engine.tokenizer.encode(TEXTS[1])
     with torch.no_grad():
         ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
