@@ -8,8 +8,8 @@
  * scores, then all values) read DRAM at 15 GB/s where the machine reads 37, and prefill went
  * through torch's SDPA per sequence after gathering each context out of its pages. Here a
  * task walks its sequence's context once, in chunks of 16 positions, the rows AHEAD chunks on
- * fetched a few at a time through this one's arithmetic (fetch_rows): the chunk's scores for every query vector of the task,
- * an online softmax (flash attention's running max and sum), the chunk's values added in.
+ * fetched a few at a time through this one's arithmetic (fetch_rows): the chunk's scores for
+ * every query vector of the task, an online softmax (flash attention's running max and sum), the chunk's values added in.
  * A decode task takes whole sequences' KV heads (a page of all heads is one run of memory);
  * a prefill task takes a tile of query rows of one KV head, so each chunk of keys stays in
  * L1 across the tile's rows x G query vectors.
@@ -140,8 +140,10 @@ INLINE void chunk_scores(const float *const q[QG], const void *kc, const int64_t
         return;
     }
 #endif
-    for (int j = 0; j < QG; j++)
-        for (int i = 0; i < n; i++) s[j][i] = dot_kv(q[j], kc, offs[i], D, kind) * scale;
+    for (int i = 0; i < n; i++) {
+        fetch_rows(kc, ahead, i, i + 1 < n ? i + 1 : CHUNK, na, D, kind);
+        for (int j = 0; j < QG; j++) s[j][i] = dot_kv(q[j], kc, offs[i], D, kind) * scale;
+    }
 }
 
 /* acc_j[0..D) = acc_j * corr[j] + sum_i w[j][i] * v_i for the QG vectors: each value row
@@ -170,12 +172,16 @@ INLINE void add_values(float *const acc[QG], const float corr[QG], float w[QG][C
             for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc[j] + d + 16 * c, a[j][c]);
     }
 #endif
+    const int fetched = d > 0; /* the 64-wide loop above fetched the rows ahead */
     for (int j = 0; j < QG; j++) {
         int64_t e = d;
         for (; e + 8 <= D; e += 8) {
             __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc[j] + e), _mm256_set1_ps(corr[j]));
-            for (int i = 0; i < n; i++)
+            for (int i = 0; i < n; i++) {
+                if (!fetched && j == 0 && e == d)
+                    fetch_rows(vc, ahead, i, i + 1 < n ? i + 1 : CHUNK, na, D, kind);
                 a = _mm256_fmadd_ps(_mm256_set1_ps(w[j][i]), kv8(vc, offs[i] + e, kind), a);
+            }
             _mm256_storeu_ps(acc[j] + e, a);
         }
         for (; e < D; e++) {
