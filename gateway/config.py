@@ -106,6 +106,14 @@ class GatewayConfig(EngineSettings):
         except ValueError as exc:
             raise SystemExit(f"--sampling-defaults: {exc}") from None
 
+    def check_engine(self) -> None:
+        """Engine settings EngineConfig refuses (an unknown --kv-cache-dtype, a zero token
+        budget) stop the start with the reason, not each worker as it starts."""
+        try:
+            self.engine_config()
+        except ValueError as exc:
+            raise SystemExit(f"engine settings: {exc}") from None
+
     def check_fleet(self) -> None:
         """Worker and gateway counts that cannot work stop the start with the reason."""
         if self.workers < 0 or self.gateways < 1:
@@ -335,6 +343,7 @@ def load_config(argv: list[str] | None = None,
             values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
     config = GatewayConfig(**values)
     config.check_fleet()
+    config.check_engine()
     refuse_open_keyless(config)
     check_store_urls(config)
     config.sampling_spec()  # refused now, not when the first worker is ready

@@ -97,3 +97,14 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
 def test_gateway_keeps_both_prefix_caching_switches():
     assert build_parser().parse_args(["--prefix-caching"]).prefix_caching is True
     assert load_config(["--no-prefix-caching"], environ={}).prefix_caching is False
+
+
+@pytest.mark.parametrize("argv,reason", [
+    (["--kv-cache-dtype", "half"], "kv_cache_dtype must be one of auto, float32, float16"),
+    (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
+])
+def test_the_gateway_refuses_engine_settings_no_worker_could_start_with(argv, reason):
+    with pytest.raises(SystemExit, match=reason):
+        load_config(argv, environ={})
+    with pytest.raises(SystemExit, match=reason):
+        load_config([], environ={"INFERSTACK_" + argv[0][2:].replace("-", "_").upper(): argv[1]})
