@@ -40,7 +40,15 @@ class ModelConfig:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
 
 
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# the named choices of EngineConfig's string settings, written once: the modules acting on
+# them import these, and the config refuses any other name wherever an engine is configured
+# (so the gateway refuses it at its start, not each worker as it starts)
+QUANTIZATIONS = ("auto", "none", "int8", "int4")  # runtime/quantization.py
+OVERLAP_MODES = ("auto", "on", "off")  # runtime/overlap.py
+THREAD_POLICIES = ("adaptive", "fixed")  # runtime/thread_governor.py
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # runtime/model_runner.py
+_CHOICES = {"quantization": QUANTIZATIONS, "overlap": OVERLAP_MODES,
+            "thread_policy": THREAD_POLICIES, "kv_cache_dtype": KV_CACHE_DTYPES}
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                             f"not {self.kv_cache_dtype!r}")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, not {value!r}")

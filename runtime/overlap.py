@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runtime.config import OVERLAP_MODES
 from runtime.outputs import StepSample, TokenLogprob
 from runtime.request import PLACEHOLDER, Request
 from runtime.sampler import DeviceSample
 from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
-
-OVERLAP_MODES = ("auto", "on", "off")
 
 
 def overlap_enabled(mode: str, device: torch.device) -> bool:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import torch
 
 import kernels
+from runtime.config import QUANTIZATIONS
 from runtime.errors import RuntimeErrorBase
 
-CHOICES = ("auto", "none", "int8", "int4")
+CHOICES = QUANTIZATIONS  # EngineConfig refuses other names too
 INT4_GROUP = 32
 # the weight-only kernels need a vectorized CPU build: AVX2, AVX-512 (plain "DEFAULT" is scalar)
 _FAST_CPU = ("AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX")

@@ -24,9 +24,10 @@ from collections.abc import Callable
 
 import torch
 
+from runtime.config import THREAD_POLICIES
 from runtime.cpu_idle import IdleCores
 
-POLICIES = ("adaptive", "fixed")
+POLICIES = THREAD_POLICIES  # EngineConfig refuses other names too
 
 
 def candidates(max_threads: int) -> list[int]:

@@ -101,6 +101,9 @@ def test_gateway_keeps_both_prefix_caching_switches():
 
 @pytest.mark.parametrize("argv,reason", [
     (["--kv-cache-dtype", "half"], "kv_cache_dtype must be one of auto, float32, float16"),
+    (["--quantization", "int3"], "quantization must be one of auto, none, int8, int4"),
+    (["--overlap", "sometimes"], "overlap must be one of auto, on, off"),
+    (["--thread-policy", "greedy"], "thread_policy must be one of adaptive, fixed"),
     (["--max-num-seqs", "0"], "max_num_seqs must be >= 1"),
 ])
 def test_the_gateway_refuses_engine_settings_no_worker_could_start_with(argv, reason):
