@@ -103,11 +103,9 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 
 def _cpu_cache_op(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the C ops can read x and the caches: float32 x, caches of one dtype they take
-    (float32, float16, bfloat16), unit inner strides, the two caches laid out alike."""
-    return (use_cpu_ops(x) and x.stride(-1) == 1 and cpu_ops.accepts_cache(k_cache.dtype)
-            and k_cache.dtype == v_cache.dtype and k_cache.stride() == v_cache.stride()
-            and k_cache.stride(-1) == 1)
+    """Whether the C ops can read x (float32, unit inner stride) and the caches
+    (`cpu_ops.takes_caches`)."""
+    return use_cpu_ops(x) and x.stride(-1) == 1 and cpu_ops.takes_caches(k_cache, v_cache)
 
 
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,

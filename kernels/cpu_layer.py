@@ -105,8 +105,7 @@ class FusedDecoder:
         k, v = kv_caches[0]
         return (meta.num_chunks == 0 and meta.num_decode == num_tokens
                 and 0 < num_tokens <= self.max_rows and meta.cos.dtype == torch.float32
-                and cpu_ops.accepts_cache(k.dtype) and k.dtype == v.dtype
-                and k.stride() == v.stride() and k.stride(-1) == 1)
+                and cpu_ops.takes_caches(k, v))
 
     def forward(self, x: torch.Tensor, meta, kv_caches) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, hidden] (the embeddings, overwritten); returns (hidden, residual) as the

@@ -65,6 +65,13 @@ def accepts_cache(dtype: torch.dtype) -> bool:
     return dtype in CACHE_KINDS and available()
 
 
+def takes_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the C ops read these K and V caches: one dtype they take, unit inner strides,
+    the two laid out alike (they are passed one pair of strides)."""
+    return (accepts_cache(k_cache.dtype) and k_cache.dtype == v_cache.dtype
+            and k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1)
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """A 2-D view with a unit inner stride (a copy only when the input has none)."""
     t = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t

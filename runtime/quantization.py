@@ -22,7 +22,6 @@ import kernels
 from runtime.config import QUANTIZATIONS
 from runtime.errors import RuntimeErrorBase
 
-CHOICES = QUANTIZATIONS  # EngineConfig refuses other names too
 INT4_GROUP = 32
 # the weight-only kernels need a vectorized CPU build: AVX2, AVX-512 (plain "DEFAULT" is scalar)
 _FAST_CPU = ("AVX2", "AVX512", "AVX512_VNNI", "AVX512_BF16", "AMX")
@@ -41,8 +40,8 @@ def resolve(requested: str, weight_format: str, device: str) -> str:
     compiled kernels run, else int8. A float checkpoint stays float unless asked: quantizing
     it would change its outputs without being told to.
     """
-    if requested not in CHOICES:
-        raise QuantizationError(f"quantization must be one of {', '.join(CHOICES)}, "
+    if requested not in QUANTIZATIONS:  # EngineConfig refuses them too; direct callers here
+        raise QuantizationError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
                                 f"not {requested!r}")
     if requested == "auto":
         quantized_file = weight_format.startswith("Q")

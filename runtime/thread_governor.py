@@ -27,8 +27,6 @@ import torch
 from runtime.config import THREAD_POLICIES
 from runtime.cpu_idle import IdleCores
 
-POLICIES = THREAD_POLICIES  # EngineConfig refuses other names too
-
 
 def candidates(max_threads: int) -> list[int]:
     """All of them, one fewer, and half: the counts worth comparing on a busy machine."""
@@ -42,8 +40,8 @@ class ThreadGovernor:
                  set_threads: Callable[[int], None] = torch.set_num_threads,
                  clock: Callable[[], float] = time.perf_counter,
                  idle_cores: Callable[[], float] | None = None):
-        if policy not in POLICIES:
-            raise ValueError(f"thread policy must be one of {', '.join(POLICIES)}, "
+        if policy not in THREAD_POLICIES:
+            raise ValueError(f"thread policy must be one of {', '.join(THREAD_POLICIES)}, "
                              f"not {policy!r}")
         self.max_threads = max_threads or torch.get_num_threads()
         self.options = candidates(self.max_threads) if policy == "adaptive" else \

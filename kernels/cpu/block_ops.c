@@ -17,8 +17,8 @@
  * Each block is dequantized once into float vectors and multiplied into every token of the
  * tile; above DEQUANT_TOKENS tokens a panel of rows is dequantized once into L2 and the float
  * tiles of f32_ops.c take over. Threads split the weight rows in groups of four (small steps,
- * each group's bytes fetched a group ahead, like int8_rows_for) or in panels (many tokens). Built for AVX-512 where the CPU has it,
- * else AVX2 + FMA + F16C.
+ * each group's bytes fetched a group ahead, like int8_rows_for) or in panels (many tokens).
+ * Built for AVX-512 where the CPU has it, else AVX2 + FMA + F16C.
  */
 #include <immintrin.h>
 #include <stdint.h>

@@ -56,10 +56,13 @@ def test_each_dtype_serves_and_its_blocks_copy_out_and_back(make_tiny_engine, kv
     out = engine.generate([prompt], GREEDY)[0]
     assert len(out) == 8
     runner = engine.runner
-    block = runner.read_block(1)
+    # a block the request wrote, copied into one it never touched: the copy must move data
+    used = [b for b in range(runner.num_blocks) if runner.read_block(b).any()]
+    unused = next(b for b in range(runner.num_blocks) if b not in used)
+    block = runner.read_block(used[0])
     assert block.dtype == getattr(torch, kv_dtype) and block.shape == runner.block_shape
-    runner.write_block(2, block)
-    assert torch.equal(runner.read_block(2), block)
+    runner.write_block(unused, block)
+    assert torch.equal(runner.read_block(unused), block)
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="no compiled CPU ops")
