@@ -24,7 +24,7 @@ PROMPT_TOKENS = 64
 
 
 def step_times(engine, batch: int, steps: int, tag: str) -> list[float]:
-    from runtime.sampling_params import SamplingParams
+    from contract.sampling_params import SamplingParams
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
     prompt = [(i * 37) % 1000 + 100 for i in range(PROMPT_TOKENS)]
     ids = [f"{tag}-{i}" for i in range(batch)]
@@ -56,9 +56,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results/decode_step.json")
     a = p.parse_args(argv)
     threads = common.setup_threads(a.threads)
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
-    from runtime.loader import default_model_path, load_checkpoint
+    from runtime.loading.loader import default_model_path, load_checkpoint
 
     load0 = common.machine_info()["load_avg_1min"]
     ck = load_checkpoint(default_model_path())

@@ -166,9 +166,9 @@ def main(argv=None) -> int:
         from engine_cuda import main_cuda
         return main_cuda(args)
     threads = common.setup_threads(args.threads)
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
-    from runtime.loader import default_model_path, load_checkpoint
+    from runtime.loading.loader import default_model_path, load_checkpoint
 
     t_start = time.perf_counter()
     load0 = common.machine_info()["load_avg_1min"]

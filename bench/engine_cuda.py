@@ -71,7 +71,7 @@ def matrix_bytes(engine) -> int:
 
 
 def make_engine(ck, args, graphs: bool, max_seqs: int, overlap: str = "auto"):
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     return LLMEngine(ck, EngineConfig(
         device="cuda", cuda_graphs=graphs, max_num_seqs=max_seqs, overlap=overlap,
@@ -94,7 +94,7 @@ def main_cuda(args) -> int:
     if not torch.cuda.is_available():
         log("bench/engine.py --device cuda needs a CUDA GPU")
         return 2
-    from runtime.loader import default_model_path, load_checkpoint
+    from runtime.loading.loader import default_model_path, load_checkpoint
     t_start = time.perf_counter()
     path = args.model or default_model_path()
     if path == RANDOM_MODEL:

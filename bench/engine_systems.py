@@ -53,7 +53,7 @@ class RunResult:
 
 # ---- our engine -------------------------------------------------------------------------
 def run_ours(engine, reqs: list[Req]) -> RunResult:
-    from runtime.sampling_params import SamplingParams
+    from contract.sampling_params import SamplingParams
 
     pending = sorted(reqs, key=lambda r: r.arrival)
     by_id = {r.rid: r for r in reqs}

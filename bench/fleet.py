@@ -6,7 +6,7 @@ at steady load, side by side in one run.
     python bench/fleet.py --concurrency 32 --steady 3        # a quick check
 
 The bench starts PostgreSQL and Redis on loopback (tests/services), `--workers` shared workers
-(`python -m runtime.serve --fake`), then each system in turn: `python -m gateway --workers 0
+(`python -m runtime serve --fake`), then each system in turn: `python -m gateway --workers 0
 --worker-url ...` alone, and the same with `--gateways 2`. So what differs is only the number
 of gateway processes: the engine, the stores and the client are the same. The client is
 bench/gateway_client.py's steady load: each of the N clients starts at a random moment of one
@@ -60,7 +60,7 @@ def start_workers(stack: ExitStack, count: int, step_ms: float, seqs: int) -> li
     urls = []
     for _ in range(count):
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "runtime.serve", "--port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "runtime", "serve", "--port", str(port),
                                  "--fake", "--fake-step-ms", str(step_ms), "--max-num-seqs",
                                  str(seqs)], cwd=REPO_ROOT, stderr=subprocess.DEVNULL)
         stack.callback(_stop, proc)

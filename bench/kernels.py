@@ -69,8 +69,9 @@ def copy_bandwidth_gbs(nbytes: int = 2 << 30) -> float:
 
 def paged_case(batch, context, heads, kv_heads, head_dim, dtype, gen):
     """q, caches and shuffled block tables for `batch` sequences of `context` tokens, as the
-    runtime packs them: int64, rows padded to its bucketed width (runtime/step_inputs.py)."""
-    from runtime.step_inputs import table_width
+    runtime packs them: int64, rows padded to its bucketed width
+    (runtime/execution/step_inputs.py)."""
+    from runtime.execution.step_inputs import table_width
     pages = -(-context // BLOCK)
     num_blocks = batch * pages + 1
     slots = num_blocks * BLOCK
@@ -95,7 +96,7 @@ def check_decode(q, k_cache, v_cache, tables, lens, scale, rows=4) -> float:
 
 
 def runtime_decode(q, k_cache, v_cache, tables, lens, scale, out):
-    """Decode attention exactly as runtime/attention.py calls it."""
+    """Decode attention exactly as runtime/models/attention.py calls it."""
     import kernels
     return kernels.paged_decode_attention(q, k_cache, v_cache, None, None, scale,
                                           block_tables=tables, context_lens=lens,

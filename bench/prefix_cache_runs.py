@@ -12,10 +12,10 @@ from common import log, median
 
 import torch
 
-from runtime.config import EngineConfig
+from contract.config import EngineConfig
+from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine
-from runtime.loader import default_model_path, load_checkpoint
-from runtime.sampling_params import SamplingParams
+from runtime.loading.loader import default_model_path, load_checkpoint
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -38,8 +38,8 @@ _BENCH = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]  # the repo root first (see common.py)
 from common import fmt, log, machine_info, markdown_table, write_json  # noqa: E402
 
-from runtime.gguf_loader import read_gguf_tokenizer  # noqa: E402
-from runtime.model_files import default_model_path  # noqa: E402
+from contract.model_files import default_model_path  # noqa: E402
+from runtime.loading.gguf import read_gguf_tokenizer  # noqa: E402
 from tests.gateway.fleet_sim import Workload, simulate  # noqa: E402
 
 SCENARIOS = {

@@ -23,10 +23,10 @@ TOKENS = 32
 
 
 def main() -> int:
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
+    from contract.sampling_params import SamplingParams
     from runtime.engine import LLMEngine
-    from runtime.loader import default_model_path, load_checkpoint
-    from runtime.sampling_params import SamplingParams
+    from runtime.loading.loader import default_model_path, load_checkpoint
 
     ck = load_checkpoint(default_model_path())
     params = SamplingParams(max_tokens=TOKENS, temperature=0.0, ignore_eos=True)

@@ -3,7 +3,7 @@
     python bench/sampling_profiles.py [--seeds 40] [--max-tokens 32]
 
 Not a speed benchmark: the measurement behind the greedy default for GGUF files that name no
-sampling of their own (runtime/sampling_defaults.py, README "Model names and sampling
+sampling of their own (contract/sampling_defaults.py, README "Model names and sampling
 defaults"). Each profile answers "What is the capital of France?" once per seed, all seeds of
 a profile batched together; an answer is right when it names Paris.
 """
@@ -13,10 +13,10 @@ import argparse
 
 from common import REPO_ROOT, log, markdown_table, setup_threads, write_json
 
-from runtime.config import EngineConfig
+from contract.config import EngineConfig
+from contract.sampling_defaults import PROFILES
+from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine
-from runtime.sampling_defaults import PROFILES
-from runtime.sampling_params import SamplingParams
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -68,10 +68,10 @@ from common import fmt, log, machine_info, markdown_table, write_json
 from spec_decode_runs import run_scenario
 from spec_decode_workloads import CHAT, extractive_messages
 
-from runtime.config import EngineConfig
+from contract.config import EngineConfig
+from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine
-from runtime.loader import default_model_path, load_checkpoint
-from runtime.sampling_params import SamplingParams
+from runtime.loading.loader import default_model_path, load_checkpoint
 from runtime.spec_decode.make_draft import write_draft
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine
-from runtime.sampling_params import SamplingParams
 
 
 def snapshot(engine: LLMEngine) -> dict:

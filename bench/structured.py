@@ -31,12 +31,12 @@ from common import fmt, log, machine_info, markdown_table, median, write_json  #
 
 from structured_workloads import HEAVY, ORDER, SCHEMAS  # noqa: E402
 
-from runtime.config import EngineConfig  # noqa: E402
+from contract.config import EngineConfig  # noqa: E402
+from contract.sampling_params import SamplingParams, choice_seed  # noqa: E402
+from contract.structured_spec import spec_key  # noqa: E402
 from runtime.engine import LLMEngine  # noqa: E402
-from runtime.loader import default_model_path, load_checkpoint  # noqa: E402
-from runtime.sampling_params import SamplingParams, choice_seed  # noqa: E402
+from runtime.loading.loader import default_model_path, load_checkpoint  # noqa: E402
 from runtime.structured.compiler import JSON_OPTIONS, compile_grammar, make_lltokenizer  # noqa: E402
-from runtime.structured.spec import spec_key  # noqa: E402
 
 
 # ---- libraries ---------------------------------------------------------------------------

@@ -17,12 +17,12 @@ import sys
 import uvloop
 from aiohttp import web
 
+from billing.key_reload import KeyReloader
+from contract.gc_tuning import tune_gc_for_serving
 from gateway.app import create_app
-from gateway.billing.key_reload import KeyReloader
 from gateway.config import load_config
 from gateway.http.connection import GatewayRunner
 from gateway.state import STATE
-from runtime.gc_tuning import tune_gc_for_serving
 
 log = logging.getLogger("gateway")
 

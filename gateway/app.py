@@ -8,9 +8,11 @@ import secrets
 
 from aiohttp import web
 
-from gateway.billing.keys import KeyStore
-from gateway.billing.pricing import PriceBook
-from gateway.billing.store_factory import budget_store, limit_store
+from billing.keys import KeyStore
+from billing.pricing import PriceBook
+from billing.store_factory import budget_store, limit_store
+from contract.frames import KvEvents, Output, Ready, TransferDone
+from contract.tokenizer import Tokenizer
 from gateway.config import GatewayConfig
 from gateway.http.browser_guard import browser_guard
 from gateway.http.error_middleware import error_middleware
@@ -29,8 +31,6 @@ from gateway.telemetry.spans import Telemetry
 from gateway.workers.handle import WorkerEvents, WorkerHandle, supervise
 from gateway.workers.ray_handle import RayWorkerHandle
 from gateway.workers.remote_handle import remote_worker_handles
-from runtime.protocol import KvEvents, Output, Ready, TransferDone
-from runtime.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 KV_STORE = web.AppKey("kv_store", object)  # the TCPStore of KV-transfer groups (PD mode)
@@ -126,7 +126,7 @@ def _create_pd_workers(app: web.Application, state: GatewayState, config: Gatewa
                        events: WorkerEvents) -> None:
     """P prefill then D decode workers, joined for KV transfers by a TCPStore served here
     on loopback only (or on a Ray node), their groups keyed by a secret made at each start."""
-    from runtime.kv_rendezvous import SECRET_ENV, SECRET_FLAG, new_secret, serve_store
+    from runtime.transport.kv_rendezvous import SECRET_ENV, SECRET_FLAG, new_secret, serve_store
     num_prefill, num_decode = config.pd_split()
     app[KV_METRICS] = {}
     secret, env = new_secret(), None
@@ -173,7 +173,7 @@ def _ray_kv_store(app: web.Application) -> str:
     """The KV-transfer rendezvous through Ray: a TCPStore hosted by an actor on the cluster."""
     import ray
 
-    from runtime.ray_worker import KVStoreHost
+    from runtime.transport.ray_worker import KVStoreHost
     host = ray.remote(KVStoreHost).options(num_cpus=0).remote()
     app[KV_STORE] = host
     return str(ray.get(host.get_address.remote(), timeout=120))  # type: ignore[attr-defined]

@@ -8,11 +8,11 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from runtime.engine_settings import EngineSettings
-from runtime.errors import ModelLoadError
-from runtime.model_files import FAKE_MODEL_NAME, default_model_path, model_name
-from runtime.protocol import is_loopback
-from runtime.sampling_defaults import SamplingSpec, parse_spec
+from contract.engine_settings import EngineSettings
+from contract.errors import ModelLoadError
+from contract.frames import is_loopback
+from contract.model_files import FAKE_MODEL_NAME, default_model_path, model_name
+from contract.sampling_defaults import SamplingSpec, parse_spec
 
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
 
@@ -20,13 +20,13 @@ _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
 @dataclass(frozen=True)
 class GatewayConfig(EngineSettings):
     """The gateway's own settings, after the engine settings it gives every worker (device,
-    kv_cache_gb, max_num_seqs, ..., declared once in runtime/engine_settings.py)."""
+    kv_cache_gb, max_num_seqs, ..., declared once in contract/engine_settings.py)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
     model: str | None = None  # a .gguf file or HF folder; None: SmolLM2-135M-Instruct
     workers: int = 1  # worker processes this gateway starts; 0: only --worker-url ones
-    worker_urls: tuple[str, ...] = ()  # tcp://HOST:PORT of shared workers (runtime.serve)
+    worker_urls: tuple[str, ...] = ()  # tcp://HOST:PORT of shared workers (runtime.transport.serve)
     gateways: int = 1  # > 1: a supervisor of that many gateway processes on one port
     reuse_port: bool = False  # internal: a fleet child binds the shared port (SO_REUSEPORT)
     autoscale_min: int = 1  # autoscale: never fewer workers than this
@@ -87,7 +87,7 @@ class GatewayConfig(EngineSettings):
 
     def served_names(self) -> tuple[str, ...]:
         """The names clients may ask for, the reported one first: --served-model-name, else
-        the model file's own name (runtime/model_files.py, the rule the worker follows)."""
+        the model file's own name (contract/model_files.py, the rule the worker follows)."""
         if self.served_model_name:
             names = tuple(dict.fromkeys(self.served_model_name.replace(",", " ").split()))
             if names:
@@ -120,7 +120,7 @@ class GatewayConfig(EngineSettings):
             raise SystemExit("--workers must be 0 or more and --gateways 1 or more")
         if self.workers == 0 and not self.worker_urls and not self.pd:
             raise SystemExit("--workers 0 needs at least one --worker-url tcp://HOST:PORT "
-                             "(a shared `python -m runtime.serve` worker) to send requests to")
+                             "(a shared `python -m runtime serve` worker) to send requests to")
         if self.pd and self.worker_urls:
             raise SystemExit("--pd and --worker-url do not mix: a shared worker does not move "
                              "KV between workers")
@@ -167,7 +167,7 @@ class GatewayConfig(EngineSettings):
         return max(1, (os.cpu_count() or 1) // max(1, self.num_workers()))
 
 
-is_loopback_host = is_loopback  # the one check, shared with runtime/serve.py
+is_loopback_host = is_loopback  # the one check, shared with runtime/transport/serve.py
 
 
 def refuse_open_keyless(config: GatewayConfig) -> None:
@@ -200,7 +200,7 @@ HELP = {
     "model": "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)",
     "workers": "runtime worker processes (one per GPU; on CPU, each with a thread budget); "
                "0 with --worker-url: only shared workers",
-    "worker_urls": "a shared worker (`python -m runtime.serve`) to use as well, "
+    "worker_urls": "a shared worker (`python -m runtime serve`) to use as well, "
                    "tcp://HOST:PORT; repeat the flag for several (environment: "
                    "comma-separated; TOML: a list); the secret is INFERSTACK_WORKER_TOKEN",
     "gateways": "gateway processes on this host sharing --port (SO_REUSEPORT), with the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from runtime.errors import InvalidRequestError, PromptTooLongError
+from contract.errors import InvalidRequestError, PromptTooLongError
 
 
 class APIError(Exception):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from gateway.billing.keys import KeyStore
+from billing.keys import KeyStore
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
 from gateway.serving.accounting import Accounting

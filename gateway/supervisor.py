@@ -1,9 +1,9 @@
 """`python -m gateway --gateways N`: N gateway processes on one host and port, over workers
 they share.
 
-The engine workers (`--workers`, with the engine flags) start once, as `python -m
-runtime.serve` on free loopback ports; once each listens, N gateways start on the same host
-and port with SO_REUSEPORT, so the kernel spreads connections across them. Each gateway gets
+The engine workers (`--workers`, with the engine flags) start once, as `python -m runtime
+serve` on free loopback ports; once each listens, N gateways start on the same host and port
+with SO_REUSEPORT, so the kernel spreads connections across them. Each gateway gets
 `--workers 0` and every shared worker (plus any --worker-url given) and otherwise the same
 settings, passed in its environment so that no secret (a --state-url password) shows in `ps`,
 and its own ledger path (its PostgreSQL outbox is a file of its own). Budgets and limits hold
@@ -188,7 +188,7 @@ def child_environ(config: GatewayConfig, **changes) -> dict[str, str]:
 
 
 def _serve_argv(config: GatewayConfig, port: int) -> list[str]:
-    return [sys.executable, "-m", "runtime.serve", "--host", "127.0.0.1", "--port", str(port),
+    return [sys.executable, "-m", "runtime", "serve", "--host", "127.0.0.1", "--port", str(port),
             *config.worker_argv()]
 
 

@@ -123,7 +123,7 @@ def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
 
 
 def block_matmul(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] times a weight in a GGUF's own blocks (runtime.quantization's Int4Weight or
+    """x [T, K] times a weight in a GGUF's own blocks (runtime.loading.quantization's Int4Weight or
     Int8BlockWeight): the C kernel on float32 activations, else the float matmul of its
     dequantization (the same products, slowly)."""
     if use_cpu_ops(x):

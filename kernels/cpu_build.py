@@ -70,7 +70,7 @@ def compiler() -> str | None:
 
 def source_key(cc: str | None = None) -> str:
     """A hash of the sources (headers too), the compiler and the flags: names the library,
-    and anything timed with it (runtime/linear_calibration.py, once per weight shape)."""
+    and anything timed with it (runtime/loading/calibration.py, once per weight shape)."""
     return _source_key(cc or compiler() or "", SOURCE_DIR, flags())
 
 

@@ -2,7 +2,7 @@
 
 A model whose every projection is int8, or a file's own blocks with its float copy (int4), on
 the compiled ops gets a `FusedDecoder`. For a step of decodes only, float32, no larger than
-every projection's limit (its int8 crossover, runtime/linear.py; `F32_MAX_ROWS` for int4), it
+every projection's limit (its int8 crossover, runtime/models/linear.py; `F32_MAX_ROWS` for int4), it
 runs each layer as one C call instead of ten ops; any other step (prefill or extend
 chunks, a large batch, another dtype) takes the op-by-op path, which computes the same thing.
 The weight pointers are gathered once into C structs; the model keeps the tensors alive.

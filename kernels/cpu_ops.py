@@ -117,9 +117,9 @@ def int8_linear_panels(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tenso
 
 def block_linear(x: torch.Tensor, qs: torch.Tensor, bits: int, d: torch.Tensor,
                  m: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] float32 times a weight in a GGUF's blocks of 32 inputs (runtime.quantization:
-    4 bits, `Int4Weight`: qs [N, K/32, 16] nibbles and float16 d, m [N, K/32]; 8 bits,
-    `Int8BlockWeight`: qs [N, K/32, 32] int8 and float16 d) + bias [N]."""
+    """x [T, K] float32 times a weight in a GGUF's blocks of 32 inputs (runtime/loading/
+    quantization.py: 4 bits, `Int4Weight`: qs [N, K/32, 16] nibbles and float16 d, m [N, K/32];
+    8 bits, `Int8BlockWeight`: qs [N, K/32, 32] int8 and float16 d) + bias [N]."""
     x = _rows(x)
     n, k = qs.shape[0], qs.shape[1] * 32
     y = torch.empty(x.shape[0], n, dtype=torch.float32)

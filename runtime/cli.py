@@ -5,9 +5,9 @@ import argparse
 import sys
 import time
 
-from runtime.engine_settings import add_worker_flags, settings_from_args
-from runtime.errors import RuntimeErrorBase
-from runtime.sampling_params import SamplingParams
+from contract.engine_settings import add_worker_flags, settings_from_args
+from contract.errors import RuntimeErrorBase
+from contract.sampling_params import SamplingParams
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,7 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Run the inference runtime from the shell.")
     parser.add_argument("--model", default=None,
                         help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M)")
-    add_worker_flags(parser)  # the engine settings, declared once (runtime/engine_settings.py)
+    add_worker_flags(parser)  # the engine settings, declared once (contract/engine_settings.py)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="stream a completion to stdout")
     gen.add_argument("--prompt", required=True)
@@ -100,7 +100,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_export_tokenizer(args) -> int:
-    from runtime.tokenizer_export import export_tokenizer
+    from runtime.loading.tokenizer_export import export_tokenizer
 
     try:
         files = export_tokenizer(args.dir, args.model)

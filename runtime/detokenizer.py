@@ -7,7 +7,7 @@ of a stop string is held back until the next tokens decide it.
 """
 from __future__ import annotations
 
-from runtime.tokenizer import Tokenizer
+from contract.tokenizer import Tokenizer
 
 REPLACEMENT = "\ufffd"  # what an incomplete UTF-8 sequence decodes to
 MAX_HELD_TOKENS = 8  # beyond this a trailing U+FFFD is the model's real output, not a split char

@@ -7,26 +7,26 @@ import time
 
 import torch
 
-from runtime.config import EngineConfig
+from contract.config import EngineConfig
+from contract.errors import DuplicateRequestError
+from contract.frames import KvEvents
+from contract.outputs import EngineCounters, RequestOutput, StepSample, StepStats, Usage, wall_clock
+from contract.sampling_params import SamplingParams
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.disk_cache import DiskKVCache
 from runtime.engine_disagg import Disaggregation
-from runtime.errors import DuplicateRequestError
-from runtime.kv_cache import KVCacheManager
-from runtime.loader import Checkpoint, load_checkpoint
-from runtime.model_runner import ModelRunner
-from runtime.outputs import EngineCounters, RequestOutput, StepSample, StepStats, Usage, wall_clock
-from runtime.overlap import InFlight, needs_ordered_steps, overlap_enabled
-from runtime.protocol import KvEvents
-from runtime.request import Request, RequestStatus
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
-from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
+from runtime.execution.overlap import InFlight, needs_ordered_steps, overlap_enabled
+from runtime.execution.runner import ModelRunner
+from runtime.execution.thread_governor import ThreadGovernor
+from runtime.kv.disk_cache import DiskKVCache
+from runtime.kv.manager import KVCacheManager
+from runtime.loading.loader import Checkpoint, load_checkpoint
+from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
+from runtime.scheduling.request import Request, RequestStatus
+from runtime.scheduling.scheduler import Scheduler
+from runtime.scheduling.validate import validate_request
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.drafter import ModelDrafter
 from runtime.structured.manager import GrammarError, StructuredOutputs
-from runtime.thread_governor import ThreadGovernor
-from runtime.validate import validate_request
 
 GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
 
@@ -149,8 +149,8 @@ class LLMEngine(Disaggregation):
 
     # ---- one step ---------------------------------------------------------------------
     def step(self) -> tuple[list[RequestOutput], StepStats]:
-        """Plan, run and process one step. When overlapping (runtime/overlap.py) the step is
-        launched first and the previous one processed while it runs: outputs then come one
+        """Plan, run and process one step. When overlapping (runtime/execution/overlap.py) the step
+        is launched first and the previous one processed while it runs: outputs then come one
         step after the one that sampled them."""
         start = time.perf_counter()
         outputs = [self._refuse(r, error) for r, error in self.structured.poll()]
@@ -356,7 +356,7 @@ class LLMEngine(Disaggregation):
                 "overlapped_steps": c.overlapped_steps}
 
     def drain_kv_events(self) -> KvEvents | None:
-        """Cached blocks stored and removed since the last call, or None (runtime/kv_events.py)."""
+        """Cached blocks stored and removed since the last call, or None (runtime/kv/events.py)."""
         return self.kv.cached.events.drain()
 
     def kv_snapshot(self) -> KvEvents:

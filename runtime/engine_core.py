@@ -1,7 +1,7 @@
 """The surface a worker drives, whatever engine is behind it.
 
 `LLMEngine` (the model) and `FakeEngine` (no model, for gateway tests and benchmarks) both
-implement it; `runtime/worker.py` drives one over frames, and
+implement it; `runtime/transport/worker.py` drives one over frames, and
 `tests/runtime/test_engine_contract.py` holds all of them, the worker process included, to the
 same behaviour.
 
@@ -13,18 +13,18 @@ Invariants every implementation keeps:
 - `step` is only called while `has_unfinished_requests()`.
 - `drain_kv_events` reports each cached block hash whose state changed since the last drain,
   once, with its latest state; applied to the last `kv_snapshot` (or to an empty view), the
-  batches give exactly the blocks `kv_snapshot` would list now (runtime/kv_events.py).
+  batches give exactly the blocks `kv_snapshot` would list now (runtime/kv/events.py).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from runtime.outputs import RequestOutput, StepStats
-from runtime.sampling_params import SamplingParams
+from contract.outputs import RequestOutput, StepStats
+from contract.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from runtime.protocol import KvEvents
-    from runtime.tokenizer import Tokenizer
+    from contract.frames import KvEvents
+    from contract.tokenizer import Tokenizer
 
 
 @runtime_checkable

@@ -1,6 +1,7 @@
 """The engine's side of prefill/decode disaggregation: park a request after its first token,
 export its prompt blocks, import another worker's, and let the import join the batch.
-`runtime/disagg.py` moves the blocks between workers; `LLMEngine` inherits these methods."""
+`runtime/transport/disagg.py` moves the blocks between workers; `LLMEngine` inherits these
+methods."""
 from __future__ import annotations
 
 import time
@@ -8,17 +9,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from contract.outputs import wall_clock
+from contract.sampling_params import SamplingParams
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.outputs import wall_clock
-from runtime.request import Request, RequestStatus
-from runtime.sampling_params import SamplingParams
+from runtime.scheduling.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from runtime.kv_cache import KVCacheManager
-    from runtime.model_runner import ModelRunner
-    from runtime.scheduler import Scheduler
+    from contract.tokenizer import Tokenizer
+    from runtime.execution.runner import ModelRunner
+    from runtime.kv.manager import KVCacheManager
+    from runtime.scheduling.scheduler import Scheduler
     from runtime.structured.manager import StructuredOutputs
-    from runtime.tokenizer import Tokenizer
 
 
 class Disaggregation:

@@ -9,8 +9,8 @@ tokens as the block-aligned longest prefix its simulated prefix cache holds unde
 (none for a request asking for prompt logprobs, which reads no cache, as in the model engine).
 
 The simulated cache is a bounded LRU of `num_blocks` blocks keyed by the model engine's own
-chained hashes (runtime/prefix_cache.py, rooted in `model_id` and the salt), so it publishes
-the same KV events (runtime/kv_events.py) a model worker would for the same prompts: a
+chained hashes (runtime/kv/prefix_cache.py, rooted in `model_id` and the salt), so it publishes
+the same KV events (runtime/kv/events.py) a model worker would for the same prompts: a
 prompt's blocks are cached when it arrives, and its output's full blocks when it ends (all but
 the last token, whose KV a model never computes); each use moves a request's blocks to the
 recent end, its first block last, so a prefix outlives its suffixes, as in the block pool.
@@ -33,15 +33,22 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from contract.block_hashing import block_hashes, root_hash
+from contract.errors import DuplicateRequestError
+from contract.frames import KvEvents
+from contract.model_files import FAKE_MODEL_NAME
+from contract.outputs import (
+    PromptLogprob,
+    RequestOutput,
+    StepStats,
+    TokenLogprob,
+    Usage,
+    wall_clock,
+)
+from contract.sampling_params import SamplingParams
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.errors import DuplicateRequestError
-from runtime.kv_events import KvEventLog, event_limit
-from runtime.model_files import FAKE_MODEL_NAME
-from runtime.outputs import PromptLogprob, RequestOutput, StepStats, TokenLogprob, Usage, wall_clock
-from runtime.prefix_cache import block_hashes, root_hash
-from runtime.protocol import KvEvents
-from runtime.sampling_params import SamplingParams
-from runtime.validate import validate_request
+from runtime.kv.events import KvEventLog, event_limit
+from runtime.scheduling.validate import validate_request
 
 WORDS = " The quick brown fox jumps over the lazy dog and keeps running through the field."
 
@@ -102,8 +109,8 @@ class FakeEngine:
                  model_id: str = FAKE_MODEL_NAME, prefill_seconds_per_token: float = 0.0,
                  sleep: Callable[[float], None] = time.sleep):
         if tokenizer is None:
-            from runtime.gguf_loader import read_gguf_tokenizer
-            from runtime.loader import default_model_path
+            from runtime.loading.gguf import read_gguf_tokenizer
+            from runtime.loading.loader import default_model_path
             tokenizer = read_gguf_tokenizer(default_model_path())
         self.tokenizer = tokenizer
         self.step_seconds = step_seconds

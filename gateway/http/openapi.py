@@ -5,6 +5,13 @@ Ranges and enums come from the validator's own constants, so the document cannot
 """
 from __future__ import annotations
 
+from contract.sampling_params import (
+    MAX_SEED,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    MIN_SEED,
+)
 from gateway.http import openapi_tools
 from gateway.http.openapi_extensions import REF, extension_paths, extension_schemas
 from gateway.openai.requests import (
@@ -15,13 +22,6 @@ from gateway.openai.requests import (
     MAX_TEMPERATURE,
     MIN_PRIORITY,
     ROLES,
-)
-from runtime.sampling_params import (
-    MAX_SEED,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    MAX_TOP_LOGPROBS,
-    MIN_SEED,
 )
 
 WS_DESCRIPTION = """\

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gateway.billing.keys import ApiKey
+from billing.keys import ApiKey
 from gateway.errors import APIError, bad_request
 from gateway.http.auth import authenticate
 from gateway.state import STATE, GatewayState

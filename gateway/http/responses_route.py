@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from gateway.billing.keys import ApiKey
+from billing.keys import ApiKey
 from gateway.errors import APIError, bad_request
 from gateway.http.auth import authenticate
 from gateway.http.completions import InterTokenClock, StreamGuard, response_headers, usage_of

@@ -6,7 +6,7 @@ import time
 
 from aiohttp import web
 
-from gateway.billing.ledger import PERIOD_FORMATS
+from billing.ledger import PERIOD_FORMATS
 from gateway.errors import bad_request
 from gateway.http.admin_workers import add_admin_worker_routes
 from gateway.http.auth import authenticate, is_admin_caller, require_admin, require_metrics_reader

@@ -16,6 +16,15 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from contract.errors import InvalidRequestError
+from contract.sampling_params import (
+    MAX_SEED,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    MIN_SEED,
+    SamplingParams,
+)
 from gateway.errors import APIError, bad_request, from_runtime_error
 from gateway.openai.json_fields import (
     check_length,
@@ -45,15 +54,6 @@ from gateway.openai.responses import (  # noqa: F401
 from gateway.openai.stream_chunker import StreamChunker  # noqa: F401
 from gateway.openai.structured_api import read_structured
 from gateway.openai.tools import ToolSpec, read_message_tool_calls, read_tool_call_id, read_tools
-from runtime.errors import InvalidRequestError
-from runtime.sampling_params import (
-    MAX_SEED,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    MAX_TOP_LOGPROBS,
-    MIN_SEED,
-    SamplingParams,
-)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 8
@@ -107,7 +107,7 @@ class GenerationRequest:
 def parse_request(kind: str, body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
     """Dispatch on the endpoint: "chat" (/v1/chat/completions) or "completion" (/v1/completions).
 
-    `defaults` fill the sampling fields the body omits (the model's, runtime/sampling_defaults.py);
+    `defaults` fill the sampling fields the body omits (the model's, contract/sampling_defaults.py);
     a field the body sends, even at OpenAI's default value, is taken as sent."""
     if kind == "chat":
         return parse_chat_request(body, defaults)

@@ -7,7 +7,7 @@ its end, each returning the new content and the new `delta.tool_calls` entries (
   the output is constrained to the JSON of a call or an array of calls, whose arguments stream
   as they are written.
 - `TaggedCalls`, for "auto": free text in which the model may write
-  <tool_call>{"name": ..., "arguments": {...}}</tool_call> (runtime/tool_template.py). Text
+  <tool_call>{"name": ..., "arguments": {...}}</tool_call> (contract/tool_template.py). Text
   around the blocks streams as content; a block is held until it closes, then becomes a call
   when it names a tool and its arguments validate, else it is content as written.
 
@@ -21,10 +21,10 @@ import copy
 import jsonschema
 import orjson
 
+from contract.tool_template import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from gateway.openai.json_calls import CallStream, Parsed, arguments_entry, header_entry
 from gateway.openai.structured_api import walk
 from gateway.openai.tools import Function, ToolSpec, new_call_id
-from runtime.tool_template import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 
 def reader_for(tools: ToolSpec | None, new_id=new_call_id):

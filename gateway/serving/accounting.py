@@ -9,7 +9,7 @@ writes the ledger row. The row's commit is a future on the request's record (`co
 answer's final usage waits for it, so a client never holds a bill the ledger could lose.
 
 Budgets and the ledger live in a `BudgetStore`, rate limits and the fair-share clock in a
-`LimitStore` (gateway/billing/stores.py): in this process by default, or shared by several
+`LimitStore` (billing/stores.py): in this process by default, or shared by several
 gateways in PostgreSQL and Redis. The calls are the same; a shared store that cannot be
 reached refuses the request with 503 and Retry-After, so nothing runs unmetered.
 """
@@ -20,16 +20,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.billing.budget import BudgetExceeded, Reservation
-from gateway.billing.keys import ApiKey
-from gateway.billing.ledger import LedgerRow
-from gateway.billing.pricing import ZERO_COST, Cost, PriceBook
-from gateway.billing.request_finished import RequestFinished
-from gateway.billing.stores import BudgetStore, LimitStore, StoreUnavailable
+from billing.budget import BudgetExceeded, Reservation
+from billing.keys import ApiKey
+from billing.ledger import LedgerRow
+from billing.pricing import ZERO_COST, Cost, PriceBook
+from billing.request_finished import RequestFinished
+from billing.stores import BudgetStore, LimitStore, StoreUnavailable
+from contract.frames import Output
+from contract.outputs import wall_clock
 from gateway.errors import APIError, payment_required, rate_limited, store_unavailable
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
-from runtime.outputs import wall_clock
-from runtime.protocol import Output
 
 
 @dataclass

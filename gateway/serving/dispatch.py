@@ -20,7 +20,7 @@ With prefill/decode disaggregation (`decode_workers` given), dispatch has two st
 goes to a prefill worker (prefix affinity among those with the least prompt tokens in
 flight), which computes the prompt's KV and streams the first token; then `handoff` moves
 each request to the decode worker with the least KV in use and fewest running requests,
-telling both at once to move the KV blocks (runtime/disagg.py).
+telling both at once to move the KV blocks (runtime/transport/disagg.py).
 """
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ import itertools
 import logging
 import time
 
+from contract.frames import AbortRequest, ExportKV, ImportKV, KvEvents, Output
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.serving.queue import QueueEntry, QueueFull, RequestQueue
 from gateway.telemetry.metrics import WorkerSeconds
 from gateway.workers.handle import WorkerDied, WorkerHandle
 from gateway.workers.prefix_index import PrefixHashes, PrefixIndex, cache_model_id
-from runtime.protocol import AbortRequest, ExportKV, ImportKV, KvEvents, Output
 
 log = logging.getLogger(__name__)
 LOOP_TICK_SECONDS = 0.05

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from contract.frames import AddRequest
+from contract.sampling_params import choice_seed
 from gateway.openai.requests import GenerationRequest
 from gateway.workers.output_stream import OutputStream
-from runtime.protocol import AddRequest
-from runtime.sampling_params import choice_seed
 
 if TYPE_CHECKING:  # the accounting and the queue hold records themselves
     from gateway.serving.accounting import Charge

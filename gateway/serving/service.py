@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from contract.frames import Rejected
 from gateway.errors import APIError, bad_request, rate_limited, server_error
 from gateway.openai.requests import GenerationRequest
 from gateway.openai.responses import LogprobToken, new_id, prompt_logprobs_entries
@@ -23,7 +24,6 @@ from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.serving.queue import QueueFull
 from gateway.workers.handle import WorkerDied
 from gateway.workers.output_stream import DEFAULT_LIMIT_BYTES, OutputStream
-from runtime.protocol import Rejected
 
 
 @dataclass

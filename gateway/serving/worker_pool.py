@@ -1,6 +1,6 @@
 """Elastic capacity: workers join and leave the dispatcher's pool while the gateway serves.
 
-`add_remote(url)` connects a shared worker (runtime/serve.py) and `spawn()` starts a local
+`add_remote(url)` connects a shared worker (runtime/transport/serve.py) and `spawn()` starts a local
 worker process like the configured ones; either is placed in the dispatcher's list at once
 (the dispatcher skips it until it is ready). `drain(index)` takes one out without losing
 anything: the dispatcher sends it nothing new (queued requests wait for the others), the
@@ -20,9 +20,9 @@ import logging
 import os
 import time
 
+from contract.frames import TOKEN_ENV
 from gateway.workers.handle import WorkerHandle, supervise
 from gateway.workers.remote_handle import RemoteWorkerHandle, parse_worker_url
-from runtime.protocol import TOKEN_ENV
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_SECONDS = 300.0  # then what still runs is aborted and billed as produced

@@ -6,7 +6,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from gateway.billing.request_finished import RequestFinished
+from billing.request_finished import RequestFinished
 from gateway.telemetry.fleet_metrics import FleetMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gateway.billing.request_finished import RequestFinished
+from billing.request_finished import RequestFinished
 from gateway.telemetry.rolling_totals import RollingTotals
 from numeric.percentiles import percentile
 

@@ -15,8 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from gateway.billing.request_finished import RequestFinished
-from runtime.outputs import wall_clock
+from billing.request_finished import RequestFinished
+from contract.outputs import wall_clock
 
 PROPAGATOR = TraceContextTextMapPropagator()
 

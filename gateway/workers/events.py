@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from contract.frames import KvEvents, Output, TransferDone
 from gateway.workers.output_stream import OutputStream
-from runtime.protocol import KvEvents, Output, TransferDone
 
 if TYPE_CHECKING:
     from gateway.workers.handle import WorkerHandle

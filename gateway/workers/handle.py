@@ -1,7 +1,7 @@
 """The gateway's side of one runtime worker process: spawn, talk frames, notice death, restart.
 
 Each in-flight request owns an OutputStream (gateway/workers/output_stream.py) that receives
-its `Output` dicts (see runtime/protocol.py), a `Rejected` frame, or a WorkerDied exception. A
+its `Output` dicts (see contract/frames.py), a `Rejected` frame, or a WorkerDied exception. A
 worker whose pipe closes is dead at once: every in-flight request gets WorkerDied, and a
 supervisor starts a fresh process with backoff while the gateway keeps serving from the others.
 
@@ -17,10 +17,7 @@ import os
 import sys
 import time
 
-from gateway.workers.backoff import Backoff
-from gateway.workers.events import Placement, WorkerDied, WorkerEvents, ended
-from gateway.workers.output_stream import OutputStream
-from runtime.protocol import (
+from contract.frames import (
     AbortRequest,
     AddRequest,
     Frame,
@@ -36,6 +33,9 @@ from runtime.protocol import (
     encode_frame,
     read_frame,
 )
+from gateway.workers.backoff import Backoff
+from gateway.workers.events import Placement, WorkerDied, WorkerEvents, ended
+from gateway.workers.output_stream import OutputStream
 
 log = logging.getLogger(__name__)
 __all__ = ["Placement", "WorkerDied", "WorkerEvents", "WorkerHandle", "ended", "supervise"]
@@ -66,7 +66,7 @@ class WorkerHandle:
     async def start(self) -> None:
         self.ready.clear()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "runtime.worker", *self.argv,
+            sys.executable, "-m", "runtime.transport.worker", *self.argv,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             env={**os.environ, **(self.env or {})}, limit=64 << 20)
         try:

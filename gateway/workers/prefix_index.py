@@ -1,8 +1,8 @@
 """Which worker holds which cached prefix: the gateway's index of the workers' KV events.
 
 Each worker reports the chained block hashes (hex) its prefix cache stores and evicts
-(`KvEvents` frames, runtime/kv_events.py); the index keeps, per worker, the set it holds now.
-A request's prompt is hashed exactly as a worker hashes it (runtime/prefix_cache.py: rooted in
+(`KvEvents` frames, runtime/kv/events.py); the index keeps, per worker, the set it holds now.
+A request's prompt is hashed exactly as a worker hashes it (runtime/kv/prefix_cache.py: rooted in
 the worker's model id and the request's cache salt, one hash per full block, the last prompt
 token never served from the cache), and its cached prefix on a worker is the run of leading
 hashes that worker holds: a chain is useless past its first miss.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from runtime.prefix_cache import chain_hash, root_hash
-from runtime.protocol import KvEvents
+from contract.block_hashing import chain_hash, root_hash
+from contract.frames import KvEvents
 
 
 def cache_model_id(info) -> str:

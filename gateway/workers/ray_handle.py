@@ -1,12 +1,12 @@
-"""Cluster mode: a runtime worker as a Ray actor (runtime/ray_worker.py), placed by Ray on any
-node, with the same frames and the same supervision as a worker process."""
+"""Cluster mode: a runtime worker as a Ray actor (runtime/transport/ray_worker.py), placed by Ray
+on any node, with the same frames and the same supervision as a worker process."""
 from __future__ import annotations
 
 import asyncio
 import logging
 
+from contract.frames import Frame, encode_frame
 from gateway.workers.handle import WorkerEvents, WorkerHandle
-from runtime.protocol import Frame, encode_frame
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,9 @@ class _ActorProcess:
 
 
 class RayWorkerHandle(WorkerHandle):
-    """A worker placed by Ray as an actor (runtime/ray_worker.py) on any node of the cluster,
-    with the same frames as a process; a failed actor is replaced by a fresh one through Ray
-    (the supervisor calls `start` again)."""
+    """A worker placed by Ray as an actor (runtime/transport/ray_worker.py) on any node of the
+    cluster, with the same frames as a process; a failed actor is replaced by a fresh one through
+    Ray (the supervisor calls `start` again)."""
 
     def __init__(self, index: int, argv: list[str], ready_timeout: float = 300.0,
                  num_cpus: float = 1, num_gpus: float = 0, events: WorkerEvents | None = None):
@@ -48,7 +48,7 @@ class RayWorkerHandle(WorkerHandle):
     async def start(self) -> None:
         import ray
 
-        from runtime.ray_worker import RayWorker
+        from runtime.transport.ray_worker import RayWorker
         self.ready.clear()
         groups = {"push": 1, "pull": 1}  # one thread each: frames keep their order
         actor_class = ray.remote(concurrency_groups=groups)(RayWorker)  # type: ignore[call-overload]

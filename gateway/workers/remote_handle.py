@@ -1,8 +1,9 @@
-"""A worker several gateways share, reached over TCP at tcp://HOST:PORT (runtime/serve.py).
+"""A worker several gateways share, reached over TCP at tcp://HOST:PORT
+(runtime/transport/serve.py).
 
 The same frames, placements, load and events as a worker process (gateway/workers/handle.py):
 only how it starts, how frames travel and how it comes back differ. A connection begins with
-the handshake of runtime/protocol.py: the secret (INFERSTACK_WORKER_TOKEN) is proved, never
+the handshake of contract/frames.py: the secret (INFERSTACK_WORKER_TOKEN) is proved, never
 sent, when the worker asks for it, and a gateway that has one refuses a worker that does not
 ask (it could be anyone's). When the connection drops, the requests in flight on it fail as
 a dead process's do (the worker has aborted them on its side) and the handle reconnects with
@@ -17,10 +18,7 @@ import secrets
 import time
 from urllib.parse import urlsplit
 
-from gateway.workers.backoff import Backoff
-from gateway.workers.events import WorkerEvents
-from gateway.workers.handle import WorkerHandle
-from runtime.protocol import (
+from contract.frames import (
     HELLO_BYTES,
     MAC_BYTES,
     NONCE_BYTES,
@@ -34,6 +32,9 @@ from runtime.protocol import (
     proof,
     read_frame,
 )
+from gateway.workers.backoff import Backoff
+from gateway.workers.events import WorkerEvents
+from gateway.workers.handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 

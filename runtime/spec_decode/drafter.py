@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.scheduler_output import ScheduledRequest, SchedulerOutput
+from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 
 if TYPE_CHECKING:
-    from runtime.request import Request
+    from runtime.scheduling.request import Request
 
 
 class ModelDrafter:

@@ -10,7 +10,7 @@ import sys
 
 from safetensors.torch import save_file
 
-from runtime.loader import Checkpoint, load_checkpoint
+from runtime.loading.loader import Checkpoint, load_checkpoint
 
 ARCH_NAMES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
               "qwen2": "Qwen2ForCausalLM"}

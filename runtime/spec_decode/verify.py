@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampler import filtered_probs
+from runtime.execution.sampler import filtered_probs
 
 
 def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> list[int]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import llguidance
 
-from runtime.tokenizer import Tokenizer
+from contract.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # the stub's TypedDict of JSON options; not importable at run time
     from llguidance._lib import JsonCompileOptions

@@ -12,15 +12,15 @@ import concurrent.futures
 import time
 from typing import TYPE_CHECKING
 
-from runtime.errors import InvalidRequestError
+from contract.errors import InvalidRequestError
+from contract.structured_spec import spec_param
 from runtime.structured.compiler import CompiledGrammar, GrammarCompiler, mask_vocab_size
 from runtime.structured.masks import MaskMaker
 from runtime.structured.matcher import GrammarState
-from runtime.structured.spec import spec_param
 
 if TYPE_CHECKING:
-    from runtime.request import Request
-    from runtime.tokenizer import Tokenizer
+    from contract.tokenizer import Tokenizer
+    from runtime.scheduling.request import Request
 
 COMPILE_TIMEOUT_S = 5.0  # a compile running longer than this refuses its request
 

@@ -1,6 +1,6 @@
 """An in-process fleet in virtual time, for the prefix-routing tests and bench/prefix_routing.py.
 
-Fake engines (runtime/fake_engine.py) run inside the real worker loop (runtime/worker.py)
+Fake engines (runtime/fake_engine.py) run inside the real worker loop (runtime/transport/worker.py)
 behind real worker handles, placed by the real dispatcher; frames cross as bytes, encoded and
 decoded as on a pipe. Each worker has its own virtual clock: a step starts when the worker has
 work, costs what the fake's cost model says (its step time plus its prefill time for the prompt
@@ -22,6 +22,8 @@ import random
 import struct
 from dataclasses import dataclass, field
 
+from contract.frames import decode_frame
+from contract.sampling_params import SamplingParams
 from gateway.openai.requests import GenerationRequest
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
@@ -29,9 +31,7 @@ from gateway.serving.queue import RequestQueue
 from gateway.workers.handle import WorkerEvents, WorkerHandle
 from numeric.percentiles import percentile
 from runtime.fake_engine import FakeEngine
-from runtime.protocol import decode_frame
-from runtime.sampling_params import SamplingParams
-from runtime.worker import Worker
+from runtime.transport.worker import Worker
 
 _HEADER = struct.Struct(">I")
 

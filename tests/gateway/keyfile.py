@@ -1,7 +1,7 @@
 """Writes a gateway key file (README format) for tests: tenants, then keys by secret."""
 from __future__ import annotations
 
-from gateway.billing.keys import hash_key
+from billing.keys import hash_key
 
 
 def write_key_file(path, tenants: dict, keys: list[tuple]) -> str:

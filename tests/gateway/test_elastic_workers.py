@@ -1,6 +1,6 @@
 """Elastic capacity (gateway/serving/worker_pool.py, gateway/http/admin_workers.py).
 
-A real fake-engine gateway and a real `python -m runtime.serve --fake`: a remote worker added
+A real fake-engine gateway and a real `python -m runtime serve --fake`: a remote worker added
 while streams run takes requests; a worker drained with streams in flight lets them all
 finish, leaves, and every request has its ledger row; the admin errors; the worker-seconds
 counter grows with the pool's size. Then the autoscale decision over synthetic histories and

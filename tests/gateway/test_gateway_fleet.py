@@ -1,6 +1,6 @@
 """A fleet of gateways: `--worker-url`/`--gateways` settings, `python -m gateway --gateways 2`
 serving one port from two processes over one shared worker with real PostgreSQL and Redis,
-two separate gateways over one `python -m runtime.serve` with one of them SIGKILLed
+two separate gateways over one `python -m runtime serve` with one of them SIGKILLed
 mid-stream, and a fleet without shared stores refused.
 
 The ledger rule after a gateway is killed: a request is billed only when a live gateway
@@ -221,7 +221,7 @@ def test_two_gateway_processes_share_one_port_and_one_ledger(stores):
         # a gateway that dies is replaced, and the port keeps serving meanwhile
         procs = children(fleet.proc.pid)
         gateways = [p for p, cmd in procs.items() if " -m gateway" in cmd]
-        assert len(gateways) == 2 and len(procs) == 3  # and one runtime.serve worker
+        assert len(gateways) == 2 and len(procs) == 3  # and one runtime.transport.serve worker
         os.kill(gateways[0], signal.SIGKILL)
         again = answering(fleet.url, 2)
         assert len(again - instances) == 1  # one replaced, one the same

@@ -5,9 +5,9 @@ import asyncio
 
 import pytest
 
+from contract.sampling_params import SamplingParams
 from gateway.openai.requests import GenerationRequest
 from gateway.serving.inflight import IllegalTransition, InFlightRequest, InFlightTable, Phase
-from runtime.sampling_params import SamplingParams
 
 
 def _record(request_id: str = "r", n: int = 2) -> InFlightRequest:

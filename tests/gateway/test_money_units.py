@@ -3,12 +3,12 @@ import datetime as dt
 
 import pytest
 
-from gateway.billing.budget import BudgetBook, BudgetExceeded
-from gateway.billing.economics import DEEPSEEK_PUBLISHED, deepseek_day
-from gateway.billing.fairshare import FairShare
-from gateway.billing.keys import KeyFileError, KeyStore, Tenant, hash_key
-from gateway.billing.pricing import PriceBook, PriceBookError
-from gateway.billing.ratelimit import RateLimiter
+from billing.budget import BudgetBook, BudgetExceeded
+from billing.economics import DEEPSEEK_PUBLISHED, deepseek_day
+from billing.fairshare import FairShare
+from billing.keys import KeyFileError, KeyStore, Tenant, hash_key
+from billing.pricing import PriceBook, PriceBookError
+from billing.ratelimit import RateLimiter
 
 
 class Clock:

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from contract.errors import InvalidRequestError, PromptTooLongError
+from contract.sampling_params import SamplingParams
 from gateway.errors import APIError, error_body, from_runtime_error
 from gateway.openai.requests import (
     ChoiceResult,
@@ -19,8 +21,6 @@ from gateway.openai.requests import (
     parse_request,
     usage_dict,
 )
-from runtime.errors import InvalidRequestError, PromptTooLongError
-from runtime.sampling_params import SamplingParams
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"prompt": "Once upon"}

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+from contract.block_hashing import block_hashes, root_hash
+from contract.frames import KvEvents, Ready
+from contract.model_files import FAKE_MODEL_NAME
+from contract.sampling_params import SamplingParams
 from gateway.openai.requests import GenerationRequest
 from gateway.serving.dispatch import Dispatcher, rendezvous_score
 from gateway.serving.inflight import InFlightRequest, InFlightTable
@@ -13,10 +17,6 @@ from gateway.serving.queue import RequestQueue
 from gateway.workers.handle import Placement, WorkerEvents, WorkerHandle
 from gateway.workers.output_stream import OutputStream
 from gateway.workers.prefix_index import PrefixHashes, PrefixIndex
-from runtime.model_files import FAKE_MODEL_NAME
-from runtime.prefix_cache import block_hashes, root_hash
-from runtime.protocol import KvEvents, Ready
-from runtime.sampling_params import SamplingParams
 from tests.gateway.fleet_sim import Fleet, Workload, simulate
 
 BS = 4
@@ -24,7 +24,7 @@ SALT = "tenant-a"
 
 
 def chain(prompt, salt=SALT, model_id=FAKE_MODEL_NAME, block_size=BS) -> list[str]:
-    """The worker's hashes of the prompt's full blocks (runtime/prefix_cache.py)."""
+    """The worker's hashes of the prompt's full blocks (runtime/kv/prefix_cache.py)."""
     return [h.hex() for h in block_hashes(root_hash(model_id, salt), prompt, block_size)]
 
 

@@ -1,6 +1,7 @@
-"""Gateways sharing workers over the network (runtime/serve.py, gateway/workers/remote_handle.py).
+"""Gateways sharing workers over the network (runtime/transport/serve.py,
+gateway/workers/remote_handle.py).
 
-The gateway's RemoteWorkerHandle against a real `python -m runtime.serve`: the engine contract
+The gateway's RemoteWorkerHandle against a real `python -m runtime serve`: the engine contract
 over TCP, the secret both ways, load that counts other gateways, a worker killed mid-stream
 failing its requests and then reconnected to, and KV events reaching the listener from pipe
 and network workers alike. Then real `python -m gateway` processes with `--worker-url`: two at
@@ -19,6 +20,7 @@ import time
 import aiohttp
 import pytest
 
+from contract.frames import TOKEN_ENV, AddRequest, KvEvents
 from gateway.config import GatewayConfig
 from gateway.workers.events import WorkerDied, WorkerEvents
 from gateway.workers.handle import WorkerHandle
@@ -28,7 +30,6 @@ from gateway.workers.remote_handle import (
     parse_worker_url,
     remote_worker_handles,
 )
-from runtime.protocol import TOKEN_ENV, AddRequest, KvEvents
 from tests.gateway.server import GatewayProcess
 from tests.runtime import test_engine_contract as contract
 from tests.runtime.test_serve import FAKE, LONG, SECRET, FrameClient, ServeProcess

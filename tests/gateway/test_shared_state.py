@@ -17,7 +17,7 @@ import asyncpg
 import orjson
 import pytest
 
-from gateway.billing.pricing import PriceBook
+from billing.pricing import PriceBook
 from tests.gateway.keyfile import write_key_file
 from tests.gateway.server import GatewayProcess
 from tests.services.postgres import postgres_server

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from gateway.billing.embedded_stores import EmbeddedBudgets, EmbeddedLimits
-from gateway.billing.store_factory import budget_store, limit_store, outbox_path
+from billing.embedded_stores import EmbeddedBudgets, EmbeddedLimits
+from billing.store_factory import budget_store, limit_store, outbox_path
 from gateway.config import load_config
 
 PG = "postgresql://gw:secret@db.internal:5432/billing"
@@ -41,7 +41,7 @@ def test_a_url_of_the_wrong_kind_stops_the_start(flag, url):
 
 def test_without_urls_the_stores_are_embedded_and_load_no_client():
     script = ("import sys, tempfile, os\n"
-              "from gateway.billing.store_factory import budget_store, limit_store\n"
+              "from billing.store_factory import budget_store, limit_store\n"
               "b = budget_store(os.path.join(tempfile.mkdtemp(), 'l.sqlite3'))\n"
               "l = limit_store(1000.0)\n"
               "print(type(b).__name__, type(l).__name__,\n"

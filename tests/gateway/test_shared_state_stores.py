@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import asyncpg
 import pytest
 
-from gateway.billing.budget import BudgetExceeded, Reservation, period_start
-from gateway.billing.keys import ApiKey, Tenant
-from gateway.billing.ledger import Ledger, LedgerRow
-from gateway.billing.pg_budgets import PgBudgets
-from gateway.billing.pricing import PriceBook
-from gateway.billing.redis_limits import RedisLimits
-from gateway.billing.settlement_outbox import Settlement
-from gateway.billing.stores import StoreUnavailable
+from billing.budget import BudgetExceeded, Reservation, period_start
+from billing.keys import ApiKey, Tenant
+from billing.ledger import Ledger, LedgerRow
+from billing.pg_budgets import PgBudgets
+from billing.pricing import PriceBook
+from billing.redis_limits import RedisLimits
+from billing.settlement_outbox import Settlement
+from billing.stores import StoreUnavailable
 from gateway.serving.accounting import Accounting
 from gateway.serving.inflight import InFlightTable
 from tests.services.postgres import postgres_server

@@ -11,6 +11,7 @@ import jsonschema
 import openai
 import pytest
 
+from contract.tokenizer import Tokenizer
 from gateway.errors import APIError
 from gateway.openai.requests import parse_chat_request, parse_completion_request
 from gateway.openai.structured_api import (
@@ -20,7 +21,6 @@ from gateway.openai.structured_api import (
     check_schema,
 )
 from gateway.openai.tools import MAX_PARALLEL_CALLS, MAX_TOOLS
-from runtime.tokenizer import Tokenizer
 from tests.gateway.server import GatewayProcess
 from tests.runtime.test_gguf_loader import write_tiny_gguf
 
@@ -333,7 +333,7 @@ WITH_TOOLS = ("{% if tools %}TOOLS {{ tools | tojson }}{{ '\\n' }}{% endif %}"
 def backend(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("tok") / "tiny.gguf")
     write_tiny_gguf(path)
-    from runtime.gguf_loader import read_gguf_tokenizer
+    from runtime.loading.gguf import read_gguf_tokenizer
     return read_gguf_tokenizer(path).backend
 
 

@@ -107,8 +107,8 @@ def test_named_call_streamed_and_not(client):
 
 
 def test_smollm2_template_has_no_tool_syntax():
-    from runtime.gguf_loader import read_gguf_tokenizer
-    from runtime.loader import default_model_path
+    from runtime.loading.gguf import read_gguf_tokenizer
+    from runtime.loading.loader import default_model_path
     assert not read_gguf_tokenizer(default_model_path()).template_knows_tools
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_build, cpu_ops
-from runtime.quantization import Int4Weight, Int8BlockWeight, QuantizationError
+from runtime.loading.quantization import Int4Weight, Int8BlockWeight, QuantizationError
 from tests.q4_weights import q4_1_weight
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
@@ -88,7 +88,7 @@ def test_f32_linear_equals_torch(rows, n, k):
 AVX2_CHECK = """
 import torch, torch.nn.functional as F
 from kernels import cpu_build, cpu_ops
-from runtime.quantization import Int4Weight, Int8BlockWeight
+from runtime.loading.quantization import Int4Weight, Int8BlockWeight
 from tests.q4_weights import q4_1_weight
 assert cpu_build.isa() == "avx2" and "-mavx512f" not in cpu_build.flags()
 assert cpu_ops.available(), cpu_build.unavailable_reason()

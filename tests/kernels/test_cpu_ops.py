@@ -12,7 +12,7 @@ from kernels.activation import silu_and_mul_ref
 from kernels.paged_attention import context_slots, paged_decode_attention_ref
 from kernels.rms_norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref, rotary_cos_sin
-from runtime.quantization import Int8Weight
+from runtime.loading.quantization import Int8Weight
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
                                 reason=f"no compiled CPU ops: {cpu_build.unavailable_reason()}")

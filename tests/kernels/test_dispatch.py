@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kernels
+from contract.sampling_params import SamplingParams
 from kernels.rotary import apply_rotary_ref
-from runtime.sampling_params import SamplingParams
 
 # what the runtime launches: decode straight from block tables, every chunk in one varlen call
 LAUNCHERS = ["rms_norm_triton", "apply_rotary_triton", "silu_and_mul_triton", "store_kv_triton",

@@ -23,8 +23,8 @@ import subprocess
 
 import pytest
 
-from runtime.loader import default_model_path
-from runtime.tokenizer_export import read_gguf_source, write_folder
+from runtime.loading.loader import default_model_path
+from runtime.loading.tokenizer_export import read_gguf_source, write_folder
 from tests.gateway.server import GatewayProcess
 from tests.loadtest.peer_aiperf import (
     INSTALL_HINT,

@@ -19,7 +19,7 @@ import time
 import aiohttp
 import pytest
 
-from gateway.billing.pricing import PriceBook
+from billing.pricing import PriceBook
 from tests.gateway.keyfile import write_key_file
 from tests.gateway.server import GatewayProcess
 

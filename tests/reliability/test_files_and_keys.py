@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gateway.billing import key_reload
-from gateway.billing.key_reload import KeyReloader, reload_keys
-from gateway.billing.keys import KeyStore
-from gateway.billing.ledger import Ledger
-from runtime.disk_cache import DiskKVCache, encode_block
+from billing import key_reload
+from billing.key_reload import KeyReloader, reload_keys
+from billing.keys import KeyStore
+from billing.ledger import Ledger
+from runtime.kv.disk_cache import DiskKVCache, encode_block
 from tests.gateway.keyfile import write_key_file
 from tests.reliability.conftest import KEYS, TENANTS, Gateway
 
@@ -177,7 +177,7 @@ def test_reload_keys_logs_the_file_and_line_and_keeps_the_store(tmp_path, caplog
     path = tmp_path / "keys.toml"
     current = KeyStore.from_toml(write_key_file(path, TENANTS, KEYS))
     write_key_file(path, TENANTS, KEYS + [("sk-ghost", "ghost", False, False)])
-    with caplog.at_level(logging.INFO, logger="gateway.billing.key_reload"):
+    with caplog.at_level(logging.INFO, logger="billing.key_reload"):
         assert reload_keys(str(path), current) is current
     (record,) = [r for r in caplog.records if r.levelno == logging.ERROR]
     lines = path.read_text().splitlines()

@@ -10,6 +10,8 @@ import sys
 import orjson
 import pytest
 
+from contract.frames import Ready, encode_frame, read_frame_blocking
+from contract.sampling_params import MAX_SEED, MIN_SEED, SamplingParams, choice_seed
 from gateway.config import GatewayConfig, is_loopback_host, refuse_open_keyless
 from gateway.http.browser_guard import host_of, is_loopback_name, is_loopback_origin
 from gateway.openai.requests import GenerationRequest
@@ -17,8 +19,6 @@ from gateway.serving.dispatch import Dispatcher, DispatchFailed
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
 from gateway.serving.queue import QueueEntry, RequestQueue
 from gateway.workers.handle import WorkerHandle
-from runtime.protocol import Ready, encode_frame, read_frame_blocking
-from runtime.sampling_params import MAX_SEED, MIN_SEED, SamplingParams, choice_seed
 
 
 class _Pipe:
@@ -154,7 +154,7 @@ def test_queue_positions_cost_one_ranking_not_a_scan_per_client():
 def test_a_malformed_frame_ends_the_worker():
     """Before: the frame killed only the reader thread; the worker looked alive and ignored
     every later command. Now it exits 1, so the gateway replaces it at once."""
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.worker", "--fake"],
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.transport.worker", "--fake"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:

@@ -13,14 +13,14 @@ import json
 import aiohttp
 import pytest
 
-from gateway.openai.requests import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_N
-from runtime.sampling_params import (
+from contract.sampling_params import (
     MAX_SEED,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
     MIN_SEED,
 )
+from gateway.openai.requests import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_N
 from tests.reliability.conftest import auth
 from tests.reliability.test_hostile_input import CPU_LIMIT_S, _post, assert_openai_error
 

@@ -17,8 +17,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from runtime.disagg import KVTransport
-from runtime.kv_rendezvous import SECRET_ENV, group_name, new_secret, open_group, prove, serve_store
+from runtime.transport.disagg import KVTransport
+from runtime.transport.kv_rendezvous import (
+    SECRET_ENV,
+    group_name,
+    new_secret,
+    open_group,
+    prove,
+    serve_store,
+)
 
 SHORT = datetime.timedelta(seconds=3)
 PAIR = "4242-4343"  # "<prefill pid>-<decode pid>": guessable, so it must not be the name
@@ -98,7 +105,7 @@ def test_store_refuses_wildcards_and_names(host):
 
 def test_ray_store_host_listens_on_the_node_ip(monkeypatch):
     ray = pytest.importorskip("ray")
-    from runtime.ray_worker import KVStoreHost
+    from runtime.transport.ray_worker import KVStoreHost
     ip = non_loopback_ipv4()
     monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: ip)
     host = KVStoreHost()

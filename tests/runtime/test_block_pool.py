@@ -1,10 +1,10 @@
 """Block pool and KV manager bookkeeping: exact block ids, reference counts, free order."""
 import pytest
 
-from runtime.block_pool import BlockPool
-from runtime.kv_cache import KVCacheManager
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from contract.sampling_params import SamplingParams
+from runtime.kv.block_pool import BlockPool
+from runtime.kv.manager import KVCacheManager
+from runtime.scheduling.request import Request
 
 
 def make_request(rid: str, n: int) -> Request:

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract.tokenizer import Tokenizer
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.gguf_loader import read_gguf_tokenizer
-from runtime.loader import default_model_path
-from runtime.tokenizer import Tokenizer
+from runtime.loading.gguf import read_gguf_tokenizer
+from runtime.loading.loader import default_model_path
 from tests.runtime.test_gguf_loader import write_tiny_gguf
 
 TEXT = "Hi 🙂! Café 日本 👍🏽 def f(x):\n  return 42 <end> tail"

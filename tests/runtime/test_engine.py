@@ -1,8 +1,8 @@
 """End to end on the tiny random model: batching, chunking and preemption never change output."""
 import pytest
 
-from runtime.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
-from runtime.sampling_params import SamplingParams
+from contract.errors import DuplicateRequestError, InvalidRequestError, PromptTooLongError
+from contract.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 

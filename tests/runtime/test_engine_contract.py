@@ -8,13 +8,13 @@ import dataclasses
 
 import pytest
 
+from contract.errors import RuntimeErrorBase
+from contract.frames import AddRequest, Rejected
+from contract.sampling_params import SamplingParams
 from gateway.workers.handle import WorkerHandle
 from gateway.workers.output_stream import OutputStream
 from runtime.engine_core import EngineCore
-from runtime.errors import RuntimeErrorBase
-from runtime.protocol import AddRequest, Rejected
-from runtime.sampling_params import SamplingParams
-from runtime.worker import output_message
+from runtime.transport.worker import output_message
 
 PROMPT = [5, 6, 7, 8, 9]
 
@@ -25,7 +25,7 @@ def _rejected(request_id: str) -> dict:
 
 
 class InProcess:
-    """Drives an EngineCore the way runtime/worker.py does: add, abort, step."""
+    """Drives an EngineCore the way runtime/transport/worker.py does: add, abort, step."""
 
     def __init__(self, engine):
         assert isinstance(engine, EngineCore)
@@ -46,7 +46,7 @@ class InProcess:
     async def outputs(self) -> list[dict]:
         out, self.pending = self.pending, []
         # step until something comes out, as the worker does: an overlapped step's outputs
-        # leave with the next one (runtime/overlap.py)
+        # leave with the next one (runtime/execution/overlap.py)
         while not out and self.engine.has_unfinished_requests():
             out = [output_message(o) for o in self.engine.step()[0]]
         return out

@@ -1,4 +1,4 @@
-"""One declaration of the engine settings (runtime/engine_settings.py): the gateway's config,
+"""One declaration of the engine settings (contract/engine_settings.py): the gateway's config,
 the worker's flags and the EngineConfig a worker builds agree on every default, and whatever the
 gateway is told reaches the worker's EngineConfig unchanged. No model is loaded: the engine
 constructors are replaced by ones that hand back what they were given."""
@@ -8,10 +8,10 @@ from dataclasses import fields
 
 import pytest
 
+from contract.config import EngineConfig
+from contract.engine_settings import EngineSettings
 from gateway.config import GatewayConfig, build_parser, load_config
-from runtime.config import EngineConfig
-from runtime.engine_settings import EngineSettings
-from runtime.worker import build_engine, parse_args
+from runtime.transport.worker import build_engine, parse_args
 
 SETTINGS = fields(EngineSettings)
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import kernels
+from contract.sampling_params import SamplingParams
 from kernels import cpu_build, cpu_ops
 from kernels.cpu_layer import F32_MAX_ROWS, FusedDecoder
-from runtime.sampling_params import SamplingParams
 from tests.q4_weights import snapped_to_q4_1
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
@@ -107,7 +107,7 @@ def test_a_batch_large_enough_for_the_panel_kernel_gives_the_same_tokens(make_ti
 def make_4bit_engine(tiny_checkpoint, monkeypatch):
     """The tiny model with its layers' matrices rounded to Q4_1 (as a 4-bit GGUF holds them),
     served with int4: those matrices keep their 4-bit form (the embeddings stay int8)."""
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     weights = {name: snapped_to_q4_1(w) if ".layers." in name and w.dim() == 2 else w
                for name, w in tiny_checkpoint.weights.items()}

@@ -8,9 +8,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
-from runtime.errors import ModelLoadError
-from runtime.gguf_loader import read_gguf, read_header
-from runtime.loader import default_model_path
+from contract.errors import ModelLoadError
+from runtime.loading.gguf import read_gguf, read_header
+from runtime.loading.loader import default_model_path
 
 HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 64, 96, 4, 2, 2
 HEAD_DIM = HIDDEN // HEADS
@@ -27,7 +27,7 @@ TOLERANCE = {Q.F32: 0, Q.F16: 1e-3, Q.BF16: 1e-2, Q.Q8_0: 0.02, Q.Q5_0: 0.1, Q.Q
 
 def byte_level_vocab() -> tuple[list[str], list[str]]:
     """Control tokens, GPT-2's 256 byte symbols, and a few merges ('Ġ t', 'Ġt h', ...)."""
-    from runtime.tokenizer import _byte_decoder
+    from contract.tokenizer import _byte_decoder
 
     symbols = sorted(_byte_decoder(), key=_byte_decoder().get)
     merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a"]

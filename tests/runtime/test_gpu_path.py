@@ -15,11 +15,11 @@ import pytest
 import torch
 
 import kernels
+from contract.sampling_params import SamplingParams
 from kernels import _utils
-from runtime.cuda_graphs import DecodeGraphs, capture_sizes, is_decode_step, pick_bucket
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler_output import ScheduledRequest
-from runtime.step_inputs import StepLayout, pack, table_width, views
+from runtime.execution.cuda_graphs import DecodeGraphs, capture_sizes, is_decode_step, pick_bucket
+from runtime.execution.step_inputs import StepLayout, pack, table_width, views
+from runtime.scheduling.output import ScheduledRequest
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 TEXTS = ["The quick brown fox", "Paris is the capital of",
@@ -253,7 +253,7 @@ def test_cuda_smollm_bf16_is_the_cpu_reference_within_tolerance(smollm_checkpoin
                                                                 smollm_engine):
     """SmolLM2 in bfloat16 on the GPU, graphs on and off, against the CPU's float32 path:
     prompt logits within bf16's relative error, greedy tokens equal up to a near tie."""
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     rel = 3e-2
     tok = smollm_engine.tokenizer

@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from runtime.errors import ModelLoadError
-from runtime.gguf_loader import read_gguf, read_gguf_tokenizer
-from runtime.loader import default_model_path, load_checkpoint
-from runtime.tokenizer import Tokenizer
+from contract.errors import ModelLoadError
+from contract.tokenizer import Tokenizer
+from runtime.loading.gguf import read_gguf, read_gguf_tokenizer
+from runtime.loading.loader import default_model_path, load_checkpoint
 from tests.runtime.test_gguf_loader import CHAT_TEMPLATE, write_tiny_gguf
 
 

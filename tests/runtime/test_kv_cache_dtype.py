@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import kernels
+from contract.config import EngineConfig
+from contract.sampling_params import SamplingParams
 from kernels import cpu_ops
-from runtime.config import EngineConfig
-from runtime.model_runner import resolve_kv_dtype
-from runtime.sampling_params import SamplingParams
+from runtime.execution.runner import resolve_kv_dtype
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

@@ -3,11 +3,11 @@ from the drains equal to the snapshot at every step, the fake engine's hashes eq
 model engine's, and the log bounded when nobody drains."""
 from __future__ import annotations
 
+from contract.block_hashing import block_hashes, root_hash
+from contract.frames import KvEvents, decode_frame, encode_frame
+from contract.sampling_params import SamplingParams
 from runtime.fake_engine import FakeEngine
-from runtime.kv_events import KvEventLog, event_limit
-from runtime.prefix_cache import block_hashes, root_hash
-from runtime.protocol import KvEvents, decode_frame, encode_frame
-from runtime.sampling_params import SamplingParams
+from runtime.kv.events import KvEventLog, event_limit
 
 ONE = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
 FOUR = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""Overlapped steps (runtime/overlap.py) change no output: the same requests give the same
+"""Overlapped steps (runtime/execution/overlap.py) change no output: the same requests give the same
 tokens, text, logprobs, finish reasons and usage with overlap on and off, through admission
 mid-flight, stops of every kind, preemption, aborts and prefix-cache hits; nothing leaks; and
 steps that need their last token on the host fall back to running in order."""
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.outputs import StepSample
-from runtime.overlap import PendingStep, overlap_enabled, placeholder_fill
-from runtime.request import PLACEHOLDER
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler_output import ScheduledRequest
+from contract.outputs import StepSample
+from contract.sampling_params import SamplingParams
+from runtime.execution.overlap import PendingStep, overlap_enabled, placeholder_fill
+from runtime.scheduling.output import ScheduledRequest
+from runtime.scheduling.request import PLACEHOLDER
 from tests.runtime.structured_helpers import SPECS, assert_clean
 
 

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.kv_cache import KVCacheManager
-from runtime.prefix_cache import chain_hash, root_hash
-from runtime.request import Request
-from runtime.sampling_params import SamplingParams
+from contract.block_hashing import chain_hash, root_hash
+from contract.sampling_params import SamplingParams
+from runtime.kv.manager import KVCacheManager
+from runtime.scheduling.request import Request
 
 BS = 4
 
@@ -214,7 +214,7 @@ def test_unwritable_disk_folder_degrades_to_misses(make_tiny_engine, tmp_path):
 
 @pytest.mark.model
 def test_smollm_greedy_identical_with_cache_on_and_off(smollm_checkpoint):
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     tok = smollm_checkpoint.tokenizer
     doc = "The prefix cache stores key and value tensors for blocks of sixteen tokens. " * 6

@@ -6,12 +6,12 @@ import orjson
 import pytest
 import torch
 
-from runtime.errors import InvalidRequestError
-from runtime.outputs import MIN_LOGPROB
-from runtime.protocol import Step, decode_frame, encode_frame
-from runtime.sampler import score_tokens
-from runtime.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
-from runtime.worker import Worker, output_message
+from contract.errors import InvalidRequestError
+from contract.frames import Step, decode_frame, encode_frame
+from contract.outputs import MIN_LOGPROB
+from contract.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from runtime.execution.sampler import score_tokens
+from runtime.transport.worker import Worker, output_message
 
 TOL = 1e-4  # float32 logprobs of one forward against another (batching changes the sums)
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
@@ -105,7 +105,7 @@ def test_zero_alternatives_and_a_one_token_prompt(make_tiny_engine):
 
 
 def test_logits_made_a_bounded_slice_of_rows_at_a_time(make_tiny_engine, monkeypatch):
-    import runtime.model_runner as model_runner
+    import runtime.execution.runner as model_runner
     monkeypatch.setattr(model_runner, "PROMPT_LOGPROB_ROWS", 4)
     engine = make_tiny_engine(max_num_batched_tokens=256)
     rows: list[int] = []

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from runtime.linear import Linear
-from runtime.linear_calibration import Calibration, ColdCache, cache_key, quant_to_dense_ratio
-from runtime.quantization import (
+from contract.sampling_params import SamplingParams
+from runtime.loading.calibration import Calibration, ColdCache, cache_key, quant_to_dense_ratio
+from runtime.loading.quantization import (
     INT4_GROUP,
     Int4Weight,
     Int8BlockWeight,
@@ -21,7 +21,7 @@ from runtime.quantization import (
     quantize,
     resolve,
 )
-from runtime.sampling_params import SamplingParams
+from runtime.models.linear import Linear
 from tests.q4_weights import q4_1_weight
 from tests.runtime.test_vs_transformers import PROMPTS, hf_greedy, relative_error
 
@@ -101,7 +101,7 @@ def test_a_4bit_linear_runs_its_4bit_form_then_the_same_weights_in_float():
 
 
 def test_the_crossover_is_measured_once_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr("runtime.linear_calibration.machine_busy", lambda: False)
+    monkeypatch.setattr("runtime.loading.calibration.machine_busy", lambda: False)
     w = torch.randn(256, 128)
     p = Int8Weight(w)
     first = Calibration(str(tmp_path))
@@ -134,7 +134,7 @@ def test_every_timed_call_starts_from_cold_caches():
 def test_one_noisy_loss_does_not_end_the_crossover_search():
     """The search stops at a loss only when a second measurement at that row count confirms
     it: a lone slow call at 16 rows (a neighbour's burst) leaves the crossover at 48."""
-    from runtime.linear_calibration import measure
+    from runtime.loading.calibration import measure
     calls: dict[int, int] = {}
 
     def ratio(packed, weight, rows, evict):
@@ -149,7 +149,7 @@ def test_one_noisy_loss_does_not_end_the_crossover_search():
 
 
 def test_a_kernel_that_wins_at_every_size_tried_runs_at_every_size():
-    from runtime.linear_calibration import EVERY_SIZE, ROWS, measure
+    from runtime.loading.calibration import EVERY_SIZE, ROWS, measure
     weight = torch.randn(8, 32)
     always = measure(Int8Weight(weight), weight, ratio=lambda *a, **k: 0.5)
     assert always == EVERY_SIZE > 10 * ROWS[-1]
@@ -159,7 +159,7 @@ def test_a_kernel_that_wins_at_every_size_tried_runs_at_every_size():
 
 
 def test_a_measurement_on_a_busy_machine_is_not_saved(tmp_path, monkeypatch):
-    monkeypatch.setattr("runtime.linear_calibration.machine_busy", lambda: True)
+    monkeypatch.setattr("runtime.loading.calibration.machine_busy", lambda: True)
     cal = Calibration(str(tmp_path))
     p = Int8Weight(torch.randn(64, 64))
     cal.max_quant_rows("int8", p.dequantized(), p)
@@ -198,7 +198,7 @@ def test_quantized_engines_leave_no_blocks(make_tiny_engine):
 
 
 def smollm_engine_with(checkpoint, **quant):
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     return LLMEngine(checkpoint, EngineConfig(kv_cache_bytes=256 << 20,
                                               max_num_batched_tokens=256, **quant))

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from runtime.sampler import Sampler, SamplingRow, apply_penalties, filtered_probs
-from runtime.sampling_params import SamplingParams
+from contract.sampling_params import SamplingParams
+from runtime.execution.sampler import Sampler, SamplingRow, apply_penalties, filtered_probs
 
 # probabilities that are exact in binary, so support boundaries are far from rounding
 DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625])

@@ -7,16 +7,11 @@ import json
 import gguf
 import pytest
 
+from contract.errors import ModelLoadError
+from contract.model_files import default_model_path
+from contract.sampling_defaults import GGUF_PROFILE, PROFILES, SamplingSpec, parse_spec
 from gateway.openai.requests import parse_chat_request, parse_completion_request
-from runtime.errors import ModelLoadError
-from runtime.model_files import default_model_path
-from runtime.sampling_defaults import (
-    GGUF_PROFILE,
-    PROFILES,
-    SamplingSpec,
-    model_sampling_defaults,
-    parse_spec,
-)
+from runtime.loading.sampling_defaults import model_sampling_defaults
 
 
 def write_gguf(path, **sampling) -> str:

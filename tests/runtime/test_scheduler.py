@@ -1,9 +1,9 @@
 """Scheduler on bookkeeping alone: token budget, chunking, admission order, preemption order."""
-from runtime.config import EngineConfig
-from runtime.kv_cache import KVCacheManager
-from runtime.request import Request, RequestStatus
-from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler
+from contract.config import EngineConfig
+from contract.sampling_params import SamplingParams
+from runtime.kv.manager import KVCacheManager
+from runtime.scheduling.request import Request, RequestStatus
+from runtime.scheduling.scheduler import Scheduler
 
 
 def make(budget=32, seqs=8, blocks=16, block_size=4, chunked=True):

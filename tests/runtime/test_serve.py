@@ -1,4 +1,4 @@
-"""The shared worker (`python -m runtime.serve`) as gateways see it, by hand over TCP: a Ready
+"""The shared worker (`python -m runtime serve`) as gateways see it, by hand over TCP: a Ready
 frame per connection, request ids kept apart per connection, a dropped connection's requests
 aborted while the others stream on, the secret's handshake before any frame, a bad frame
 ending its connection only, KV events to every connection and the state to a late one, and
@@ -16,9 +16,7 @@ import time
 
 import pytest
 
-from runtime.fake_engine import FakeEngine
-from runtime.model_files import FAKE_MODEL_NAME
-from runtime.protocol import (
+from contract.frames import (
     HELLO_BYTES,
     MAC_BYTES,
     NONCE_BYTES,
@@ -36,7 +34,9 @@ from runtime.protocol import (
     proof,
     read_frame_blocking,
 )
-from runtime.worker import Worker
+from contract.model_files import FAKE_MODEL_NAME
+from runtime.fake_engine import FakeEngine
+from runtime.transport.worker import Worker
 from tests.gateway.server import free_port
 
 SECRET = "a-shared-secret-of-some-length"
@@ -45,7 +45,7 @@ LONG = 3000  # tokens: far more than any test waits for
 
 
 class ServeProcess:
-    """A real `python -m runtime.serve` on a loopback port, ready once it answers."""
+    """A real `python -m runtime serve` on a loopback port, ready once it answers."""
 
     def __init__(self, *flags: str, host: str = "127.0.0.1", port: int | None = None,
                  token: str | None = None, wait: bool = True, ready_timeout: float = 180.0):
@@ -57,7 +57,7 @@ class ServeProcess:
             env[TOKEN_ENV] = token
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "runtime.serve", "--host", host, "--port", str(self.port),
+            [sys.executable, "-m", "runtime", "serve", "--host", host, "--port", str(self.port),
              *flags], env=env, stdout=subprocess.DEVNULL, stderr=self.log)
         if wait:
             self.wait_ready(ready_timeout)
@@ -398,7 +398,7 @@ def test_the_pipe_worker_sends_kv_events_after_steps_and_the_state_in_its_greeti
 
 # ---- the tiny model ----------------------------------------------------------------------
 def _pipe_greedy(argv: list[str], prompts: dict[str, list[int]], n: int) -> dict[str, list]:
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.worker", *argv],
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.transport.worker", *argv],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:

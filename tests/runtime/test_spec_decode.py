@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.config import EngineConfig
+from contract.config import EngineConfig
+from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine
-from runtime.sampling_params import SamplingParams
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.make_draft import write_draft
 from runtime.spec_decode.ngram import propose_ngram

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.sampling_params import SamplingParams, choice_seed
+from contract.sampling_params import SamplingParams, choice_seed
 from tests.runtime.structured_helpers import SPECS, assert_clean, is_valid, run
 
 

@@ -9,10 +9,10 @@ import threading
 import pytest
 
 import runtime.structured.compiler as compiler_module
-from runtime.errors import InvalidRequestError
-from runtime.protocol import AddRequest, Rejected, Step, read_frame_blocking
-from runtime.sampling_params import SamplingParams
-from runtime.worker import Worker
+from contract.errors import InvalidRequestError
+from contract.frames import AddRequest, Rejected, Step, read_frame_blocking
+from contract.sampling_params import SamplingParams
+from runtime.transport.worker import Worker
 from tests.runtime.structured_helpers import SPECS, assert_clean, drain, is_valid, run
 
 BAD = {"type": "json", "param": "response_format",

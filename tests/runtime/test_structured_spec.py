@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.errors import InvalidRequestError
-from runtime.sampling_params import SamplingParams
+from contract.errors import InvalidRequestError
+from contract.sampling_params import SamplingParams
+from contract.structured_spec import MAX_SPEC_BYTES, spec_key, validate_spec
 from runtime.structured.compiler import GrammarCompiler
 from runtime.structured.masks import MaskMaker, TokenMask, allowed_tokens
-from runtime.structured.spec import MAX_SPEC_BYTES, spec_key, validate_spec
 
 GOOD = [{"type": "json"}, {"type": "json", "schema": {"type": "integer"}},
         {"type": "regex", "pattern": "[ab]+"}, {"type": "choice", "choices": ["x", "y"]},

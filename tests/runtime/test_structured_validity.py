@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from runtime.sampling_params import SamplingParams, choice_seed
+from contract.sampling_params import SamplingParams, choice_seed
 from tests.runtime.structured_helpers import assert_clean, run
 
 SAMPLES = 5  # per schema, all in one batch with every other schema's

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.sampling_params import SamplingParams
-from runtime.thread_governor import ThreadGovernor, candidates
+from contract.sampling_params import SamplingParams
+from runtime.execution.thread_governor import ThreadGovernor, candidates
 
 
 class Machine:
@@ -99,7 +99,7 @@ def test_a_neighbour_leaving_shows_in_the_idle_cores_at_once():
 
 
 def test_idle_cores_from_proc_stat(tmp_path):
-    from runtime.cpu_idle import IdleCores
+    from runtime.execution.cpu_idle import IdleCores
     stat = tmp_path / "stat"
     # user nice system idle iowait irq softirq steal
     stat.write_text("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n")

@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from runtime.errors import InvalidRequestError
-from runtime.gguf_loader import read_gguf_tokenizer
-from runtime.loader import default_model_path
-from runtime.tokenizer import Tokenizer
+from contract.errors import InvalidRequestError
+from contract.tokenizer import Tokenizer
+from runtime.loading.gguf import read_gguf_tokenizer
+from runtime.loading.loader import default_model_path
 from tests.runtime.test_gguf_loader import CONTROL, write_tiny_gguf
 
 TEXTS = [

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from runtime.gguf_loader import read_gguf_tokenizer
-from runtime.loader import default_model_path
-from runtime.tokenizer import Tokenizer
-from runtime.tokenizer_export import FILES, TOKENIZER_CLASS, export_tokenizer
+from contract.tokenizer import Tokenizer
+from runtime.loading.gguf import read_gguf_tokenizer
+from runtime.loading.loader import default_model_path
+from runtime.loading.tokenizer_export import FILES, TOKENIZER_CLASS, export_tokenizer
 from tests.runtime.test_gguf_loader import write_tiny_gguf
 from tests.runtime.test_tokenizer import TEXTS
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from runtime.sampling_params import SamplingParams
+from contract.sampling_params import SamplingParams
 
 PROMPTS = [
     "The history of the Roman Empire",
@@ -89,7 +89,7 @@ def test_smollm_knows_the_capital_of_france(smollm_engine):
 # ---- the default CPU cache: float16 under the float32 model ---------------------------------
 @pytest.fixture(scope="module")
 def smollm_f16_cache(smollm_checkpoint):
-    from runtime.config import EngineConfig
+    from contract.config import EngineConfig
     from runtime.engine import LLMEngine
     engine = LLMEngine(smollm_checkpoint, EngineConfig(kv_cache_bytes=128 << 20,
                                                        max_num_batched_tokens=256,

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from runtime import weight_cache
-from runtime.loader import default_model_path, load_checkpoint
+from runtime.loading import weight_cache
+from runtime.loading.loader import default_model_path, load_checkpoint
 from tests.runtime.test_gguf_loader import write_tiny_gguf
 
 

@@ -9,9 +9,9 @@ import threading
 import time
 from unittest import mock
 
-from runtime.kv_rendezvous import SECRET_ENV, new_secret, serve_store
-from runtime.protocol import Shutdown, decode_frame, frame_from_dict
-from runtime.worker import Worker
+from contract.frames import Shutdown, decode_frame, frame_from_dict
+from runtime.transport.kv_rendezvous import SECRET_ENV, new_secret, serve_store
+from runtime.transport.worker import Worker
 
 
 class FrameSink:

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from runtime.sampling_params import SamplingParams
+from contract.sampling_params import SamplingParams
 from tests.scaleout.harness import Pair
 
 PROMPTS = [[(7 * i + 3 * j) % 200 + 5 for j in range(n)] for i, n in
@@ -16,7 +16,7 @@ PROMPTS = [[(7 * i + 3 * j) % 200 + 5 for j in range(n)] for i, n in
 
 @pytest.fixture(params=["off", "on"], ids=["in-order", "overlapped"])
 def pair(make_tiny_engine, request):
-    """Both workers with steps in order, then overlapped (runtime/overlap.py): a prefill
+    """Both workers with steps in order, then overlapped (runtime/execution/overlap.py): a prefill
     worker parks a request whose second step is already in flight, and drops that row."""
     p = Pair(lambda: make_tiny_engine(overlap=request.param))
     yield p

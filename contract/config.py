@@ -1,0 +1,92 @@
+"""Frozen configuration: the model's shape (read from a checkpoint) and the engine's limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a Llama-family decoder; field names follow Hugging Face's `config.json`."""
+
+    architecture: str  # "llama", "qwen2", "mistral"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has biases on q/k/v
+    head_dim: int | None = None  # defaults to hidden_size // num_attention_heads
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = "model"
+    # how the file stores its matrices: "float", or the GGUF type most of them have ("Q4_1");
+    # `--quantization auto` quantizes only what the file had quantized
+    weight_format: str = "float"
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V, over all layers, for one token in float32."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
+
+
+# the named choices of EngineConfig's string settings, written once: the modules acting on
+# them import these, and the config refuses any other name wherever an engine is configured
+# (so the gateway refuses it at its start, not each worker as it starts)
+QUANTIZATIONS = ("auto", "none", "int8", "int4")  # runtime/loading/quantization.py
+OVERLAP_MODES = ("auto", "on", "off")  # runtime/execution/overlap.py
+THREAD_POLICIES = ("adaptive", "fixed")  # runtime/execution/thread_governor.py
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # runtime/execution/runner.py
+_CHOICES = {"quantization": QUANTIZATIONS, "overlap": OVERLAP_MODES,
+            "thread_policy": THREAD_POLICIES, "kv_cache_dtype": KV_CACHE_DTYPES}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Limits of the scheduler and the KV pool. All counts are in tokens unless named otherwise."""
+
+    block_size: int = 16
+    max_num_batched_tokens: int = 512  # token budget per step (prefill chunks + decodes)
+    max_num_seqs: int = 64  # running requests per step
+    kv_cache_bytes: int = 1 << 30  # memory budget of the KV pool
+    num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests)
+    max_model_len: int | None = None  # defaults to the model's context
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    disk_cache_dir: str | None = None  # the prefix cache's disk tier; None turns it off
+    disk_cache_bytes: int = 4 << 30  # size limit of the disk tier
+    spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH
+    num_spec_tokens: int = 4  # the most proposed tokens per request per step
+    spec_max_batch: int = 4  # no speculation in steps decoding more requests than this
+    device: str = "cpu"
+    dtype: str = "auto"  # float32 on CPU, bfloat16 on CUDA
+    # the KV cache's elements: auto (float16 under a float32 model on the CPU, else the
+    # model's dtype), float32, float16 or bfloat16 (runtime/execution/runner.py)
+    kv_cache_dtype: str = "auto"
+    # decode steps replay CUDA graphs on CUDA (runtime/execution/cuda_graphs.py)
+    cuda_graphs: bool = True
+    # auto | on | off: plan a step while the last runs (runtime/execution/overlap.py)
+    overlap: str = "auto"
+    thread_policy: str = "adaptive"  # adaptive | fixed (runtime/execution/thread_governor.py)
+    quantization: str = "auto"  # auto | none | int8 | int4 (runtime/loading/quantization.py)
+    quant_max_rows: int | None = None  # steps of at most this many rows use the quantized
+    # kernel; None: measured per weight shape at start (runtime/loading/calibration.py)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, not {value!r}")

@@ -1,0 +1,124 @@
+"""The engine settings a worker takes, declared once: name, default, help text and the
+`EngineConfig` field each one fills.
+
+Everything else is generated from `EngineSettings`: the worker's flags
+(`runtime/transport/worker.py`), the gateway's settings of the same names and the argv it starts
+workers with (`gateway/config.py`), and the `EngineConfig` a worker builds. So a flag name or a
+default cannot drift between the three. The numbers themselves stay `EngineConfig`'s: each default
+below is read from it, so the engine used directly (tests, benchmarks) agrees as well.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from contract.config import EngineConfig
+
+GIB = 1 << 30
+_ENGINE = EngineConfig()  # the engine's own defaults, the one place the numbers are written
+
+
+def _gib_to_bytes(gib: float) -> int:
+    return int(gib * GIB)
+
+
+def setting(default: Any, help: str, engine: str | None = None,
+            to_engine: Callable[[Any], Any] | None = None) -> Any:
+    """A setting with its default and help; it fills `EngineConfig.<engine>` (by default the
+    field of the same name) with `to_engine(value)` (by default the value itself)."""
+    return dataclasses.field(default=default, metadata={
+        "help": help, "engine": engine, "to_engine": to_engine or (lambda value: value)})
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What a worker's engine is told. Field types are annotations as strings (postponed), read
+    by the flag builders below: bool becomes a switch, int and float typed values."""
+
+    device: str = setting(_ENGINE.device, "cpu or cuda")
+    thread_policy: str = setting(_ENGINE.thread_policy,
+                                 "CPU threads: adaptive (measured, fewer when a neighbour "
+                                 "takes a core) or fixed (--threads)")
+    quantization: str = setting(_ENGINE.quantization,
+                                "weights: auto (int8 for a quantized GGUF on a vectorized CPU), "
+                                "none, int8 or int4")
+    kv_cache_dtype: str = setting(_ENGINE.kv_cache_dtype,
+                                  "KV-cache elements: auto (float16 under a float32 model on "
+                                  "the CPU, else the model's dtype), float32, float16, "
+                                  "bfloat16")
+    overlap: str = setting(_ENGINE.overlap,
+                           "plan each step while the last one runs: auto (on CUDA), on or off")
+    kv_cache_gb: float = setting(_ENGINE.kv_cache_bytes / GIB, "KV-cache memory per worker, GiB",
+                                 "kv_cache_bytes", _gib_to_bytes)
+    max_num_seqs: int = setting(_ENGINE.max_num_seqs, "running requests per worker")
+    max_num_batched_tokens: int = setting(_ENGINE.max_num_batched_tokens,
+                                          "token budget per engine step")
+    prefix_caching: bool = setting(_ENGINE.enable_prefix_caching,
+                                   "reuse KV of repeated prompt prefixes", "enable_prefix_caching")
+    disk_cache_dir: str | None = setting(_ENGINE.disk_cache_dir,
+                                         "folder for the prefix cache's disk tier")
+    spec: str = setting(_ENGINE.spec, "speculative decoding: off, ngram, self:L or draft:PATH")
+    num_spec_tokens: int = setting(_ENGINE.num_spec_tokens,
+                                   "the most tokens proposed per request per step")
+
+    # Both methods walk fields(EngineSettings), not fields(self): GatewayConfig extends this
+    # class with settings of its own, which are no engine's business.
+
+    def engine_config(self) -> EngineConfig:
+        """The EngineConfig these settings describe; its other fields keep their defaults."""
+        values = {}
+        for f in fields(EngineSettings):
+            values[f.metadata["engine"] or f.name] = f.metadata["to_engine"](getattr(self, f.name))
+        return EngineConfig(**values)
+
+    def worker_flags(self) -> list[str]:
+        """The worker argv that reproduces these settings. Values travel even at their default
+        (a worker's command line then shows its whole engine); a switch only when moved off it,
+        as a worker has just the one flag that moves it."""
+        argv: list[str] = []
+        for f in fields(EngineSettings):
+            value = getattr(self, f.name)
+            if _is_switch(f):
+                if value != f.default:
+                    argv.append(_switch_flag(f))
+            elif value is not None:
+                argv += [_flag(f), str(value)]
+        return argv
+
+
+def _is_switch(f: dataclasses.Field) -> bool:
+    return f.type == "bool"
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return "--" + f.name.replace("_", "-")
+
+
+def _switch_flag(f: dataclasses.Field) -> str:
+    """A worker's switch names the change from the default: --no-prefix-caching."""
+    return _flag(f).replace("--", "--no-", 1) if f.default else _flag(f)
+
+
+def _value_type(f: dataclasses.Field) -> type:
+    return {"int": int, "float": float}.get(f.type.split(" | ")[0], str)
+
+
+def add_worker_flags(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags for every engine setting, with the declared defaults."""
+    for f in fields(EngineSettings):
+        help_text = f.metadata["help"]
+        if _is_switch(f):
+            parser.add_argument(_switch_flag(f), dest=f.name, default=f.default,
+                                action="store_false" if f.default else "store_true",
+                                help=("turn off: " if f.default else "turn on: ") + help_text)
+        else:
+            parser.add_argument(_flag(f), dest=f.name, type=_value_type(f), default=f.default,
+                                help=f"{help_text} (default: {f.default})")
+
+
+def settings_from_args(args: argparse.Namespace) -> EngineSettings:
+    """The settings parsed by a parser that `add_worker_flags` filled."""
+    return EngineSettings(**{f.name: getattr(args, f.name) for f in fields(EngineSettings)})

@@ -1,0 +1,161 @@
+"""Where the quantized kernel stops paying: measured per weight shape, cached on disk.
+
+For each distinct (format, N, K) the calibration times the quantized matmul against float32
+`F.linear` at growing row counts and keeps the largest count at which the quantized one is
+still faster; above it the float copy runs (runtime/models/linear.py). Timings depend on the CPU,
+the torch build and the thread count, so those name the cache entry; a start with a warm cache
+measures nothing. The measurement takes a few seconds for a 135M model on 2 cores. A
+measurement made while other work held the cores (a load average above their number) is
+used for this start but not saved: a busy minute must not decide every later start.
+
+Each timed call starts with the weight out of the CPU's caches, as in a forward pass, where
+every other layer's weights pass through them between two uses of one: timed hot, a small
+float matrix (576x576, 1.3 MB) beat its int8 copy at one row, but in the model it took 154 us a
+call against 84 us for int8, which reads a quarter of the bytes from memory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+from runtime.loading.quantization import BlockWeight, Int8Weight
+
+ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+# a kernel that wins at every size tried runs at every size (the 4-bit kernel beat float32
+# `F.linear` up to 512-row prefill chunks: 263 against 170 GFLOP/s, docs/perf.md)
+EVERY_SIZE = 1 << 30
+FORMAT_VERSION = 5  # 2: cold caches; 3: keyed by the int8 kernel; 4: C int4; 5: to 512 rows
+EVICT_BYTES = 64 << 20  # more than any last-level cache of these machines
+log = logging.getLogger(__name__)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cache_key(kind: str, shape: tuple[int, int]) -> str:
+    """CPU, torch build, threads, format, shape and the kernel that runs it (the compiled
+    decode ops or torch's, kernels.int8_kernel): a change in any of them measures afresh."""
+    kernel = kernels.int8_kernel(torch.float32) if kind in ("int8", "int4", "int8-block") \
+        else "torch"
+    return (f"v{FORMAT_VERSION}|{_cpu_name()}|{torch.__version__}|"
+            f"{torch.backends.cpu.get_cpu_capability()}|threads={torch.get_num_threads()}|"
+            f"{kind}/{kernel}|{shape[0]}x{shape[1]}")
+
+
+class ColdCache:
+    """Reads a buffer larger than the last-level cache, so the next call finds no weight
+    there (its first call allocates the buffer)."""
+
+    def __init__(self, nbytes: int = EVICT_BYTES):
+        self.nbytes = nbytes
+        self.buffer: torch.Tensor | None = None
+
+    def __call__(self) -> None:
+        if self.buffer is None:
+            self.buffer = torch.ones(self.nbytes // 4)
+        self.buffer.sum()
+
+
+def _seconds(fn, evict: ColdCache) -> float:
+    evict()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def quant_to_dense_ratio(packed: Int8Weight | BlockWeight, weight: torch.Tensor, rows: int,
+                         repeats: int = 7, evict: ColdCache | None = None) -> float:
+    """Median over pairs of (quantized time / float time), each from cold caches, the two
+    run back to back so that a neighbour's burst slows both of a pair alike instead of
+    deciding the comparison."""
+    evict = evict or ColdCache()
+    x = torch.randn(rows, weight.shape[1])
+    packed.matmul(x), F.linear(x, weight)  # warm: first calls allocate and fault pages in
+    ratios = sorted(_seconds(lambda: packed.matmul(x), evict)
+                    / _seconds(lambda: F.linear(x, weight), evict) for _ in range(repeats))
+    return ratios[len(ratios) // 2]
+
+
+def measure(packed: Int8Weight | BlockWeight, weight: torch.Tensor,
+            ratio=quant_to_dense_ratio) -> int:
+    """The largest row count in ROWS at which `packed` beats float32, 0 if none, EVERY_SIZE if
+    it wins at all of them. The counts are tried in order and the search stops at the first
+    loss (the gap only widens) that a second measurement confirms. One noisy loss must not
+    stop it early: with the C kernels the fused decode layer runs only up to the smallest
+    crossover of all shapes, so a single shape measured at 16 instead of 128 (seen with
+    another process starting) halved the throughput at 32 and more streams."""
+    best, evict = 0, ColdCache()
+    for rows in ROWS:
+        if ratio(packed, weight, rows, evict=evict) >= 1.0 \
+                and ratio(packed, weight, rows, evict=evict) >= 1.0:
+            return best
+        best = rows
+    return EVERY_SIZE
+
+
+def machine_busy() -> bool:
+    """Whether the last minute's load exceeded the cores: more runnable work than cores, so
+    our timings shared them (our own start-up counts too, hence not a lower bar)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return False
+    return load > (os.cpu_count() or 1)
+
+
+class Calibration:
+    """The crossover table, loaded from and saved to one JSON file in `cache_dir`."""
+
+    def __init__(self, cache_dir: str | None):
+        self.path = os.path.join(cache_dir, "linear-crossover.json") if cache_dir else None
+        self.table: dict[str, int] = self._load()
+        self.measured = 0  # shapes measured this start (0: all came from the cache)
+        self.seconds = 0.0
+
+    def max_quant_rows(self, kind: str, weight: torch.Tensor,
+                       packed: Int8Weight | BlockWeight) -> int:
+        key = cache_key(kind, tuple(weight.shape))  # type: ignore[arg-type]
+        if key not in self.table:
+            start = time.perf_counter()
+            self.table[key] = measure(packed, weight)
+            self.seconds += time.perf_counter() - start
+            self.measured += 1
+        return self.table[key]
+
+    def save(self) -> None:
+        if self.path is None or not self.measured or machine_busy():
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.table, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as e:  # a read-only cache costs a second at the next start, no more
+            log.warning("linear crossover table not saved: %s", e)
+
+    def _load(self) -> dict[str, int]:
+        if self.path is None or not os.path.exists(self.path):
+            return {}
+        try:
+            with open(self.path) as f:
+                table = json.load(f)
+            return {str(k): int(v) for k, v in table.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # garbled: measure again

@@ -1,0 +1,289 @@
+"""Read a GGUF file: model config, float32 weights under Hugging Face names, tokenizer."""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import re
+import struct
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from contract.config import ModelConfig
+from contract.errors import ModelLoadError
+from contract.tokenizer import Tokenizer
+
+ARCHITECTURES = ("llama", "qwen2", "mistral")
+# llama.cpp's converter interleaves Q/K rows for these (its rotary pairs adjacent dims)
+PERMUTED_ARCHITECTURES = ("llama", "mistral")
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Config, dequantized float32 weights (HF names and layout) and tokenizer of a GGUF file."""
+    meta, tensors = read_header(path)
+    with _errors_named(path):
+        config = config_from_metadata(meta, {t.name: t for t in tensors})
+        tokenizer = Tokenizer.from_gguf_metadata(_tokenizer_metadata(meta))
+        weights = {}
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        for t in tensors:
+            weights[hf_name(t.name, path)] = _unpermute(t.name, _dequantize(mm, t, path), config)
+    return config, weights, tokenizer
+
+
+def read_gguf_tokenizer(path: str) -> Tokenizer:
+    """Only the tokenizer of a GGUF file (reads the header, not the weights)."""
+    meta, _ = read_header(path)
+    with _errors_named(path):
+        return Tokenizer.from_gguf_metadata(_tokenizer_metadata(meta))
+
+
+@contextmanager
+def _errors_named(path: str):
+    """Every error as a ModelLoadError naming the file (bad files raise KeyError, ValueError...)."""
+    try:
+        yield
+    except ModelLoadError as e:
+        if path in str(e):
+            raise
+        raise ModelLoadError(f"{path}: {e}") from e
+    except Exception as e:
+        raise ModelLoadError(f"{path}: malformed GGUF: {type(e).__name__}: {e}") from e
+
+
+def read_header(path: str) -> tuple[dict, list[TensorInfo]]:
+    """Metadata (plain Python values) and tensor directory of a GGUF file, checked against its size.
+
+    Our own parser: gguf.GGUFReader builds a numpy view per vocabulary string and takes
+    seconds on a 49k-token vocabulary; this takes a fraction of a second.
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - entered just below, once the open has succeeded
+    except OSError as e:
+        raise ModelLoadError(f"{path}: unreadable: {e}") from e
+    with f, _errors_named(path):
+        size = os.fstat(f.fileno()).st_size
+        cursor = _Cursor(f, size)
+        meta, tensors = _parse_header(cursor)
+        align = int(meta.get("general.alignment", 32))
+        data_start = (cursor.pos + align - 1) // align * align  # tensor data is aligned
+    for t in tensors:
+        t.offset += data_start
+        if t.offset + t.nbytes > size:
+            raise ModelLoadError(f"{path}: truncated: tensor {t.name} ends past the end of file")
+    return meta, tensors
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # torch order (GGUF stores the fastest dim first)
+    ggml_type: int
+    offset: int  # absolute in the file once read_header returns
+    nbytes: int
+
+
+_HEADER_READ = 1 << 20
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+            10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
+          10: "<u8", 11: "<i8", 12: "<f8"}
+_STRING, _ARRAY = 8, 9
+
+
+class _Cursor:
+    """Sequential little-endian reads over a file, buffered in large chunks."""
+
+    def __init__(self, f, size: int):
+        self.buf, self.f, self.size, self.pos, self.base = b"", f, size, 0, 0
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > self.size:  # also stops absurd lengths from a corrupt header
+            raise ModelLoadError("truncated: header ends early")
+        end = self.pos - self.base + n
+        if end > len(self.buf):  # refill: keep the unread tail, read at least n more bytes
+            more = self.f.read(max(n, _HEADER_READ))
+            self.buf = self.buf[self.pos - self.base:] + more
+            self.base, end = self.pos, n
+            if end > len(self.buf):
+                raise ModelLoadError("truncated: header ends early")
+        view = memoryview(self.buf)[end - n:end]
+        self.pos += n
+        return view
+
+    def scalar(self, kind: int):
+        fmt = _SCALARS.get(kind)
+        if fmt is None:
+            raise ModelLoadError(f"bad metadata value type {kind}")
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        if n > 1 << 30:
+            raise ModelLoadError("bad string length")
+        return bytes(self.take(n)).decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        if kind == _STRING:
+            return self.string()
+        if kind != _ARRAY:
+            return self.scalar(kind)
+        item, count = self.scalar(4), self.scalar(10)
+        if item in _NUMPY:  # numbers in one go
+            dtype = np.dtype(_NUMPY[item])
+            return np.frombuffer(self.take(count * dtype.itemsize), dtype).tolist()
+        return [self.value(item) for _ in range(count)]
+
+
+def _parse_header(c: _Cursor) -> tuple[dict, list[TensorInfo]]:
+    if bytes(c.take(4)) != b"GGUF":
+        raise ModelLoadError("not a GGUF file (bad magic)")
+    version = c.scalar(4)
+    if version not in (2, 3):
+        raise ModelLoadError(f"unsupported GGUF version {version}")
+    n_tensors, n_kv = c.scalar(10), c.scalar(10)
+    meta = {}
+    for _ in range(n_kv):
+        key = c.string()
+        meta[key] = c.value(c.scalar(4))
+    return meta, [_tensor_info(c) for _ in range(n_tensors)]
+
+
+def _tensor_info(c: _Cursor) -> TensorInfo:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    name = c.string()
+    dims = [c.scalar(10) for _ in range(c.scalar(4))]
+    kind, offset = c.scalar(4), c.scalar(10)
+    try:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ValueError, KeyError):
+        raise ModelLoadError(f"tensor {name} has unknown type {kind}") from None
+    count = math.prod(dims)
+    return TensorInfo(name, tuple(reversed(dims)), kind, offset, count // block * type_size)
+
+
+def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (supported: {ARCHITECTURES})")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ModelLoadError(f"unsupported rope scaling {scaling!r}")
+
+    def key(name, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelLoadError(f"missing GGUF metadata key {arch}.{name}")
+        return value
+
+    heads = int(key("attention.head_count"))
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(vocab or tensors["token_embd.weight"].shape[0]),
+        hidden_size=int(key("embedding_length")),
+        intermediate_size=int(key("feed_forward_length")),
+        num_hidden_layers=int(key("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        max_position_embeddings=int(key("context_length")),
+        rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(key("rope.freq_base", 10000.0)),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        head_dim=meta.get(f"{arch}.attention.key_length"),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(i for i in [meta.get("tokenizer.ggml.eos_token_id")] if i is not None),
+        weight_format=_weight_format(tensors),
+    )
+
+
+def _weight_format(tensors: dict) -> str:
+    """The GGUF type most matrices have, by element count (norms are always F32)."""
+    from gguf import GGMLQuantizationType
+
+    counts: dict[str, int] = {}
+    for t in tensors.values():
+        if len(t.shape) == 2:
+            name = GGMLQuantizationType(t.ggml_type).name
+            counts[name] = counts.get(name, 0) + math.prod(t.shape)
+    top = max(counts, key=counts.__getitem__) if counts else "F32"
+    return "float" if top in ("F32", "F16", "BF16") else top
+
+
+def hf_name(gguf_name: str, path: str = "") -> str:
+    """Hugging Face name of a GGUF tensor name; unknown tensors are refused, not dropped."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise ModelLoadError(f"{path}: unsupported tensor {gguf_name!r}")
+
+
+def supported_types() -> set:
+    from gguf import GGMLQuantizationType as Q
+
+    return {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}
+
+
+def _dequantize(mm, t: TensorInfo, path: str) -> torch.Tensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    kind = GGMLQuantizationType(t.ggml_type)
+    if kind not in supported_types():
+        raise ModelLoadError(f"{path}: tensor {t.name} has unsupported type {kind.name}")
+    raw = np.frombuffer(mm, np.uint8, count=t.nbytes, offset=t.offset)
+    rows = raw.reshape(-1, t.nbytes // math.prod(t.shape[:-1]))  # one row per output row
+    array = dequantize(rows, kind).reshape(t.shape)
+    # F32 data is a read-only view of the mapped file; np.require copies only then
+    return torch.from_numpy(np.require(array, np.float32, ["C", "W"]))
+
+
+def _unpermute(name: str, w: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row interleave so rotate_half RoPE (HF layout) applies."""
+    if config.architecture not in PERMUTED_ARCHITECTURES:
+        return w
+    if ".attn_q." in name:
+        heads = config.num_attention_heads
+    elif ".attn_k." in name:
+        heads = config.num_key_value_heads
+    else:
+        return w
+    rows = w.shape[0]
+    return (w.reshape(heads, rows // heads // 2, 2, *w.shape[1:])
+            .transpose(1, 2).reshape(w.shape).contiguous())
+
+
+def _tokenizer_metadata(meta: dict) -> dict:
+    prefix = "tokenizer.ggml."
+    out = {k[len(prefix):]: v for k, v in meta.items() if k.startswith(prefix)}
+    out["chat_template"] = meta.get("tokenizer.chat_template")
+    return out

@@ -1,0 +1,99 @@
+"""Per-step attention metadata and the paged attention layer that reads it.
+
+The runner packs the step's tokens as [decode tokens (one per request) | prefill and extend
+chunks] (runtime/execution/step_inputs.py); this metadata is built once from those flat tensors and
+every layer reuses it. Decodes attend straight from their block tables and context lengths,
+all chunks of the step in one varlen call per layer; `kernels` decides what runs and builds
+what its choice reads besides the tables once per step (`decode_slots`, `prefill_plan`).
+Building it makes no host sync, so it runs inside a CUDA-graph capture too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from runtime.execution.step_inputs import StepLayout, StepTensors
+
+
+class RotaryTable:
+    """cos and signed sin of every position a sequence can reach (kernels.rotary_cos_sin),
+    built once: a step gathers its positions' rows in two ops instead of a dozen (the same
+    values: each row is computed from its position alone)."""
+
+    def __init__(self, max_positions: int, head_dim: int, theta: float, dtype: torch.dtype,
+                 device: torch.device):
+        positions = torch.arange(max_positions, device=device)
+        self.cos, self.sin = kernels.rotary_cos_sin(positions, head_dim, theta, dtype)
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is stored
+    cos: torch.Tensor  # [T, 1, head_dim] (see kernels.rotary_cos_sin)
+    sin: torch.Tensor
+    block_size: int
+    num_decode: int
+    # decodes: the first num_decode sequences
+    decode_tables: torch.Tensor  # [num_decode, W]
+    decode_lens: torch.Tensor  # [num_decode]
+    decode_slots: torch.Tensor | None  # what the reference reads (kernels.decode_slots)
+    decode_valid: torch.Tensor | None
+    # prefill and extend chunks: the other sequences, one varlen call
+    num_chunks: int
+    chunk_tables: torch.Tensor  # [num_chunks, W]
+    chunk_starts: torch.Tensor  # [num_chunks + 1] rows in the step's tokens
+    chunk_prefix: torch.Tensor  # [num_chunks] tokens already cached
+    max_chunk: int  # the longest chunk (sizes the varlen grid without a sync)
+    chunk_seqs: list | None  # what the reference reads (kernels.prefill_plan)
+
+    @classmethod
+    def build(cls, t: StepTensors, layout: StepLayout, block_size: int,
+              rotary: RotaryTable) -> AttentionMetadata:
+        cos, sin = rotary(t.positions)
+        nd = layout.num_decode
+        tables, lens = t.block_tables[:nd], t.context_lens[:nd]
+        slots = valid = None
+        if nd:
+            slots, valid = kernels.decode_slots(tables, lens, block_size,
+                                                layout.max_decode_context, cos.dtype)
+        chunks = layout.num_seqs - nd
+        chunk_tables, starts, prefix = t.block_tables[nd:], t.query_start[nd:], t.num_prefix[nd:]
+        seqs = (kernels.prefill_plan(chunk_tables, block_size, starts, prefix, cos.dtype)
+                if chunks else None)
+        return cls(t.slot_mapping, cos, sin, block_size, nd, tables, lens, slots, valid,
+                   chunks, chunk_tables, starts, prefix, layout.max_query, seqs)
+
+
+class PagedAttention:
+    """Stores new K/V in the layer's cache, then attends decodes and prefill chunks."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim ** -0.5
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 meta: AttentionMetadata) -> torch.Tensor:
+        kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = torch.empty_like(q)
+        nd = meta.num_decode
+        # decode
+        if nd:
+            kernels.paged_decode_attention(
+                q[:nd], k_cache, v_cache, meta.decode_slots, meta.decode_valid, self.scale,
+                block_tables=meta.decode_tables, context_lens=meta.decode_lens,
+                block_size=meta.block_size, out=out[:nd])
+        # prefill
+        if meta.num_chunks:
+            kernels.prefill_attention_varlen(
+                q, k_cache, v_cache, meta.chunk_tables, meta.block_size, meta.chunk_starts,
+                meta.chunk_prefix, self.scale, meta.max_chunk, seqs=meta.chunk_seqs,
+                k_new=k, v_new=v, out=out)
+        return out
