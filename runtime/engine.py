@@ -1,5 +1,7 @@
-"""The engine: add and abort requests, and step. Each step reads in three lines:
-schedule, run, postprocess. Tensors stay in the model runner; bookkeeping stays here."""
+"""The engine: add and abort requests, and step. Each step reads in three lines: schedule, run,
+postprocess. Tensors stay in the model runner; bookkeeping stays here; what a step reports for
+a request is built by runtime/request_outputs.py. For prefill/decode disaggregation it also
+parks a request after its first token, exports its prompt blocks and imports another worker's."""
 from __future__ import annotations
 
 import os
@@ -10,28 +12,28 @@ import torch
 from contract.config import EngineConfig
 from contract.errors import DuplicateRequestError
 from contract.frames import KvEvents
-from contract.outputs import EngineCounters, RequestOutput, StepSample, StepStats, Usage, wall_clock
+from contract.outputs import EngineCounters, RequestOutput, StepSample, StepStats
 from contract.sampling_params import SamplingParams
 from runtime.detokenizer import IncrementalDetokenizer
-from runtime.engine_disagg import Disaggregation
 from runtime.execution.overlap import InFlight, needs_ordered_steps, overlap_enabled
 from runtime.execution.runner import ModelRunner
 from runtime.execution.thread_governor import ThreadGovernor
 from runtime.kv.disk_cache import DiskKVCache
 from runtime.kv.manager import KVCacheManager
 from runtime.loading.loader import Checkpoint, load_checkpoint
+from runtime.request_outputs import count_spec, finish_status, request_output, timing
 from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 from runtime.scheduling.request import Request, RequestStatus
 from runtime.scheduling.scheduler import Scheduler
 from runtime.scheduling.validate import validate_request
 from runtime.spec_decode.config import SpecConfig
-from runtime.spec_decode.drafter import ModelDrafter
+from runtime.spec_decode.drafter import draft_cost, make_drafter
 from runtime.structured.manager import GrammarError, StructuredOutputs
 
 GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
 
 
-class LLMEngine(Disaggregation):
+class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig = EngineConfig()):
         self.checkpoint = checkpoint
         self.model_config = checkpoint.config
@@ -45,9 +47,9 @@ class LLMEngine(Disaggregation):
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
                                  config.enable_prefix_caching, self.model_id, self.disk_cache)
         self.spec = SpecConfig.parse(config.spec, config.num_spec_tokens, config.spec_max_batch)
-        self.runner.drafter = self._make_drafter()
+        self.runner.drafter = make_drafter(self.spec, self.runner)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, self.spec,
-                                   self._draft_cost())
+                                   draft_cost(self.runner))
         self.requests: dict[str, Request] = {}
         self.counters = EngineCounters()
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids)
@@ -59,21 +61,6 @@ class LLMEngine(Disaggregation):
                                       if self.runner.device.type == "cpu" else "fixed")
         self.overlap = overlap_enabled(config.overlap, self.runner.device)
         self.inflight: InFlight | None = None  # the step launched last, not read back yet
-
-    def _make_drafter(self):
-        if self.spec.method == "self":
-            return ModelDrafter.self_draft(self.runner, self.spec.num_layers)
-        if self.spec.method == "draft":
-            return ModelDrafter.draft_model(self.runner, load_checkpoint(self.spec.draft_path))
-        return None
-
-    def _draft_cost(self) -> float:
-        """One draft token's work relative to a target step: the weights it reads."""
-        drafter = self.runner.drafter
-        if drafter is None:
-            return 0.0
-        size = lambda m: sum(lin.weight.numel() for lin in m.linears())  # noqa: E731
-        return size(drafter.model) / size(self.runner.model)
 
     @property
     def model_id(self) -> str:
@@ -142,7 +129,7 @@ class LLMEngine(Disaggregation):
         self.structured.forget(request_id)
         self.scheduler.finish_request(request, RequestStatus.FINISHED_ABORTED)
         self._count_finished(request)
-        return self._output(request, [], "", None)
+        return request_output(request, [], "", None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -211,7 +198,7 @@ class LLMEngine(Disaggregation):
         """End a request whose grammar failed to compile after admission: a refusal."""
         self.scheduler.finish_request(request, RequestStatus.FINISHED_REJECTED)
         self.requests.pop(request.request_id, None)
-        return self._output(request, [], "", None, error={
+        return request_output(request, [], "", None, error={
             "message": str(error), "param": error.param, "kind": type(error).__name__})
 
     def _postprocess(self, sched: SchedulerOutput, result: StepSample) -> list[RequestOutput]:
@@ -225,7 +212,7 @@ class LLMEngine(Disaggregation):
         for rid, (first, entries) in result.prompt_logprobs.items():
             if rid in self.requests:  # else it ended while its step ran
                 self.requests[rid].add_prompt_logprobs(first, entries)
-        self._count_spec(sched, result)
+        count_spec(self.counters, sched, result)
         outputs = []
         now = time.monotonic()
         for request in sampled:
@@ -238,7 +225,7 @@ class LLMEngine(Disaggregation):
                 self.scheduler.finish_request(request, finish)
                 self.requests.pop(request.request_id, None)
                 self._count_finished(request)
-            outputs.append(self._output(request, tokens, text,
+            outputs.append(request_output(request, tokens, text,
                                         result.logprobs.get(request.request_id),
                                         request.take_prompt_logprobs()))  # the first only
             self.counters.num_generation_tokens += len(tokens)
@@ -256,65 +243,11 @@ class LLMEngine(Disaggregation):
                 text += request.detokenizer.push([token])
                 if request.grammar is not None:
                     request.grammar.accept(token)
-                finish = self._check_finish(request, token)
+                finish = finish_status(request, token, self.eos_token_ids, self.max_model_len)
                 if finish is not None:
                     break  # later accepted proposals or forced tokens go with the request
             new = [] if finish else self.structured.jump_forward(request, self.max_model_len)
         return tokens, text, finish
-
-    def _check_finish(self, request: Request, token: int) -> RequestStatus | None:
-        params, grammar = request.params, request.grammar
-        if grammar is not None and grammar.is_error:
-            request.stop_reason = grammar.error[:200]
-            return RequestStatus.FINISHED_ERROR
-        # a grammar allows the end only where it is complete, and then it ends the output
-        is_eos = (not params.ignore_eos or grammar is not None) and token in self.eos_token_ids
-        if token in params.stop_token_set or is_eos:
-            request.stop_reason = token
-            return RequestStatus.FINISHED_STOPPED
-        if request.detokenizer.stopped:
-            request.stop_reason = request.detokenizer.stop_reason
-            return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= params.max_tokens or \
-                request.num_known_tokens >= self.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
-
-    def _output(self, request: Request, tokens: list[int], text: str, logprobs,
-                prompt_logprobs=None, error: dict | None = None) -> RequestOutput:
-        usage = Usage(request.num_prompt_tokens, request.num_cached_tokens,
-                      request.num_output_tokens)
-        finished = request.is_finished
-        timing = None
-        if finished:
-            timing = {"arrival": wall_clock(request.arrival_time),
-                      "scheduled": wall_clock(request.first_scheduled_time),
-                      "first_token": wall_clock(request.first_token_time),
-                      "finished": time.time(), "preemptions": request.num_preemptions}
-            spec = request.spec
-            if spec.num_proposed:
-                timing["spec_acceptance"] = spec.num_accepted / spec.num_proposed
-                timing["spec_proposed"] = spec.num_proposed
-            if request.grammar is not None:
-                timing["forced_tokens"] = request.grammar.num_forced
-        return RequestOutput(request.request_id, tokens, text, finished,
-                             request.status.value if finished else None, usage, logprobs,
-                             request.stop_reason if finished else None, timing,
-                             prompt_logprobs, error)
-
-    def _count_spec(self, sched: SchedulerOutput, result: StepSample) -> None:
-        """vLLM's counters: drafts, draft tokens, accepted tokens (also per position)."""
-        c = self.counters
-        for s in sched.scheduled:
-            if s.num_spec:
-                accepted = s.num_spec - result.rejected.get(s.request_id, 0)
-                c.spec_drafts += 1
-                c.spec_draft_tokens += s.num_spec
-                c.spec_accepted_tokens += accepted
-                while len(c.spec_accepted_per_pos) < s.num_spec:
-                    c.spec_accepted_per_pos.append(0)
-                for pos in range(accepted):
-                    c.spec_accepted_per_pos[pos] += 1
 
     def _count_finished(self, request: Request) -> None:
         self.counters.num_preemptions += request.num_preemptions
@@ -330,6 +263,70 @@ class LLMEngine(Disaggregation):
                          self.kv.pool.num_used_blocks, self.kv.pool.num_blocks,
                          self.scheduler.num_running, self.scheduler.num_waiting,
                          len(sched.preempted_request_ids))
+
+    # ---- prefill/decode disaggregation (runtime/transport/disagg.py moves the blocks) -------
+    def park_request(self, request_id: str) -> bool:
+        """Take a running request out of the batch, keeping its blocks: a prefill worker's
+        request waits here, after its first token, for its KV to be exported."""
+        request = self.requests.get(request_id)
+        if request is None or request not in self.scheduler.running:
+            return False
+        self.scheduler.running.remove(request)
+        request.status = RequestStatus.PARKED  # a step in flight drops what it sampled for it
+        return True
+
+    def request_timing(self, request_id: str) -> dict:
+        return timing(self.requests[request_id])
+
+    def export_request(self, request_id: str) -> list[torch.Tensor] | None:
+        """Copy a parked request's prompt blocks out (one CPU tensor per block, see
+        `ModelRunner.read_block`) and release it: its full blocks stay in the prefix cache.
+        None for an unknown request (aborted meanwhile)."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        n = self.kv.num_blocks_for(request.num_prompt_tokens)
+        blocks = [self.runner.read_block(b) for b in self.kv.block_ids(request_id)[:n]]
+        self.scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+        return blocks
+
+    def import_request(self, request_id: str, prompt_token_ids: list[int],
+                       output_token_ids: list[int], params: SamplingParams = SamplingParams(),
+                       priority: int = 0, cache_salt: str | None = None,
+                       num_cached_tokens: int = 0) -> list[int]:
+        """Admit a request whose prompt KV another worker computed: blocks for the prompt are
+        allocated now (their ids returned, in order) and it stays out of the batch until
+        `finish_import`. `output_token_ids` are the tokens already sampled and streamed (and
+        any prompt logprobs went out with them: the request here gathers none)."""
+        self.validate(request_id, prompt_token_ids, params, priority, cache_salt)
+        request = Request(request_id, list(prompt_token_ids), params, priority,
+                          time.monotonic(), cache_salt)
+        request.detokenizer = IncrementalDetokenizer(self.tokenizer, stop=params.stop)
+        for token in output_token_ids:
+            request.output_token_ids.append(token)
+            request.detokenizer.push([token])  # its text was streamed by the prefill worker
+        self.structured.attach(request)  # its matcher replays those tokens once compiled
+        num_blocks = self.kv.num_blocks_for(request.num_prompt_tokens)
+        if num_blocks > self.kv.num_free_blocks:
+            raise MemoryError("the prompt's KV does not fit in this worker's cache")
+        block_ids = self.kv.allocate_blocks(request_id, num_blocks)
+        self.runner.apply_kv_transfers(self.kv.take_transfers())  # evicted blocks saved first
+        request.num_cached_tokens = num_cached_tokens
+        request.first_token_time = request.arrival_time
+        self.requests[request_id] = request
+        return block_ids
+
+    def finish_import(self, request_id: str) -> bool:
+        """Every prompt block is written: the request joins the batch at its first token."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        request.num_computed_tokens = request.num_prompt_tokens
+        self.kv.cache_full_blocks(request)
+        request.status = RequestStatus.RUNNING
+        request.first_scheduled_time = time.monotonic()
+        self.scheduler.running.append(request)
+        return True
 
     # ---- descriptions for a worker's peers ---------------------------------------------
     def info(self) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -33,6 +34,9 @@ from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 from runtime.scheduling.request import Request
 from runtime.spec_decode.verify import verify
 from runtime.structured.masks import MaskMaker, TokenMask
+
+if TYPE_CHECKING:
+    from runtime.spec_decode.drafter import ModelDrafter
 
 # prompt positions scored per LM-head call: bounds the [rows, vocab] logits a long chunk makes
 PROMPT_LOGPROB_ROWS = 256
@@ -86,7 +90,8 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.device, seed=config.seed)
         self.disk = disk  # the prefix cache's disk tier, or None
-        self.drafter = None  # a model drafter for speculative decoding (self or draft model)
+        # a model drafter for speculative decoding (self or draft model)
+        self.drafter: ModelDrafter | None = None
         self.masks: MaskMaker | None = None  # structured outputs' token masks (the engine's)
         self._generators: dict[str, torch.Generator] = {}  # seeded requests' own streams
         self.graphs = self._capture_graphs()  # decode steps' CUDA graphs, or None

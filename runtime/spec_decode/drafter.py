@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.loading.loader import load_checkpoint
 from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
+from runtime.spec_decode.config import SpecConfig
 
 if TYPE_CHECKING:
     from runtime.scheduling.request import Request
@@ -106,3 +108,21 @@ def _decode(s: ScheduledRequest, offset: int, token: int) -> ScheduledRequest:
     """One token of a speculating request at `offset` past its start: the draft model's
     input for its next draft."""
     return ScheduledRequest(s.request_id, s.start_position + offset, (token,), s.block_ids)
+
+
+def make_drafter(spec: SpecConfig, runner) -> ModelDrafter | None:
+    """The drafter `--spec` asks for: the target's first layers, a draft model, or none (n-gram
+    proposals and no speculation need no model)."""
+    if spec.method == "self":
+        return ModelDrafter.self_draft(runner, spec.num_layers)
+    if spec.method == "draft":
+        return ModelDrafter.draft_model(runner, load_checkpoint(spec.draft_path))
+    return None
+
+
+def draft_cost(runner) -> float:
+    """One draft token's work relative to a target step: the weights it reads."""
+    if runner.drafter is None:
+        return 0.0
+    size = lambda m: sum(lin.weight.numel() for lin in m.linears())  # noqa: E731
+    return size(runner.drafter.model) / size(runner.model)
