@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from billing.keys import KeyFileError, KeyStore
 
 log = logging.getLogger(__name__)
+
+
+class HoldsKeys(Protocol):
+    """Where the serving keys live (the gateway's state): what a reload replaces."""
+
+    keys: KeyStore | None
 
 
 def reload_keys(path: str, current: KeyStore,
@@ -36,8 +43,9 @@ class KeyReloader:
     signal is the one that ends up loaded; further signals meanwhile fold into that one.
     """
 
-    def __init__(self, state, path: str, served_models: tuple[str, ...] | None = None):
-        self.state = state
+    def __init__(self, holder: HoldsKeys, path: str,
+                 served_models: tuple[str, ...] | None = None):
+        self.holder = holder
         self.path = path
         self.served_models = served_models  # a new file is checked against these names
         self.task: asyncio.Task | None = None
@@ -52,8 +60,8 @@ class KeyReloader:
     async def _run(self) -> None:
         while True:
             self._again = False
-            current = self.state.keys
-            self.state.keys = await asyncio.to_thread(reload_keys, self.path, current,
+            current = self.holder.keys
+            self.holder.keys = await asyncio.to_thread(reload_keys, self.path, current,
                                                       self.served_models)
             if not self._again:
                 return

@@ -22,7 +22,7 @@ from contract.gc_tuning import tune_gc_for_serving
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.http.connection import GatewayRunner
-from gateway.state import STATE
+from gateway.state import STATE, GatewayState
 
 log = logging.getLogger("gateway")
 
@@ -82,7 +82,7 @@ async def serve(config) -> int:
     return 1 if aborted else 0
 
 
-async def _until_serving(state, shutdown: Shutdown) -> bool:
+async def _until_serving(state: GatewayState, shutdown: Shutdown) -> bool:
     """A fleet child joins the shared port only once a worker is ready, so the kernel never
     hands a connection to a child that would answer 503 (a restarted one, in particular).
     False when a signal came first."""
@@ -93,13 +93,13 @@ async def _until_serving(state, shutdown: Shutdown) -> bool:
     return True
 
 
-def _kill_workers(state) -> None:
+def _kill_workers(state: GatewayState) -> None:
     state.stop.set()  # no supervisor restarts them
     for w in state.workers:
         w.kill()
 
 
-async def _drain(state, shutdown: Shutdown, timeout: float) -> bool:
+async def _drain(state: GatewayState, shutdown: Shutdown, timeout: float) -> bool:
     """Wait for in-flight requests to finish; False if a second signal came first."""
     idle = asyncio.create_task(state.idle.wait())
     abort = asyncio.create_task(shutdown.abort.wait())

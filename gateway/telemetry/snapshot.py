@@ -3,14 +3,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from billing.request_finished import RequestFinished
 from gateway.telemetry.rolling_totals import RollingTotals
 from numeric.percentiles import percentile
 
+if TYPE_CHECKING:
+    from gateway.serving.accounting import Accounting
+    from gateway.serving.dispatch import Dispatcher
+    from gateway.serving.queue import RequestQueue
+    from gateway.workers.handle import WorkerHandle
+
+
+class FleetView(Protocol):
+    """What a snapshot reads of the gateway (its state): the workers, the queue, the money."""
+
+    started_at: float
+    model_name: str
+    workers: list[WorkerHandle]
+    dispatcher: Dispatcher | None
+    queue: RequestQueue | None
+    accounting: Accounting | None
+
 
 class SnapshotBuilder:
-    def __init__(self, state):
+    def __init__(self, state: FleetView):
         self.state = state
         self.rolling = RollingTotals()
         self.tenants: dict[str, dict] = {}
