@@ -64,9 +64,6 @@ class EngineSettings:
     num_spec_tokens: int = setting(_ENGINE.num_spec_tokens,
                                    "the most tokens proposed per request per step")
 
-    # Both methods walk fields(EngineSettings), not fields(self): GatewayConfig extends this
-    # class with settings of its own, which are no engine's business.
-
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings describe; its other fields keep their defaults."""
         values = {}

@@ -148,7 +148,7 @@ def _create_pd_workers(app: web.Application, state: GatewayState, config: Gatewa
 def _worker(config: GatewayConfig, index: int, argv: list[str], events: WorkerEvents,
             env: dict | None = None) -> WorkerHandle:
     if config.ray_address:
-        gpus = 1 if config.device.startswith("cuda") else 0
+        gpus = 1 if config.engine.device.startswith("cuda") else 0
         return RayWorkerHandle(index, argv, config.worker_ready_timeout,
                                num_cpus=config.threads(), num_gpus=gpus, events=events)
     return WorkerHandle(index, argv, env=env, ready_timeout=config.worker_ready_timeout,

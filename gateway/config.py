@@ -6,7 +6,7 @@ import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from contract.engine_settings import EngineSettings
 from contract.errors import ModelLoadError
@@ -18,10 +18,12 @@ _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
 
 
 @dataclass(frozen=True)
-class GatewayConfig(EngineSettings):
-    """The gateway's own settings, after the engine settings it gives every worker (device,
-    kv_cache_gb, max_num_seqs, ..., declared once in contract/engine_settings.py)."""
+class GatewayConfig:
+    """The gateway's own settings, and the engine settings it gives every worker (`engine`:
+    device, kv_cache_gb, max_num_seqs, ..., declared once in contract/engine_settings.py).
+    Both are flat to an operator: one flag, variable or TOML key per setting."""
 
+    engine: EngineSettings = field(default_factory=EngineSettings)
     host: str = "127.0.0.1"
     port: int = 8000
     model: str | None = None  # a .gguf file or HF folder; None: SmolLM2-135M-Instruct
@@ -110,7 +112,7 @@ class GatewayConfig(EngineSettings):
         """Engine settings EngineConfig refuses (an unknown --kv-cache-dtype, a zero token
         budget) stop the start with the reason, not each worker as it starts."""
         try:
-            self.engine_config()
+            self.engine.engine_config()
         except ValueError as exc:
             raise SystemExit(f"engine settings: {exc}") from None
 
@@ -143,7 +145,7 @@ class GatewayConfig(EngineSettings):
         return sum(split) if split else self.workers
 
     def worker_argv(self) -> list[str]:
-        argv = self.worker_flags() + ["--threads", str(self.threads())]
+        argv = self.engine.worker_flags() + ["--threads", str(self.threads())]
         if self.model:
             argv += ["--model", self.model]
         if self.fake:
@@ -295,14 +297,23 @@ def build_parser() -> argparse.ArgumentParser:
                     "TOML file given with --config; flags win over the environment, which wins "
                     "over the file.")
     p.add_argument("--config", help="a TOML file of settings")
+    for f in gateway_fields():
+        _add_flag(p, f, HELP[f.name])
     engine = p.add_argument_group("engine settings", "given to every worker")
-    # the gateway's own flags first (host, port, ...): fields() lists the base class's first
-    for f in sorted(fields(GatewayConfig), key=lambda f: f.name in _ENGINE_FIELDS):
-        if f.name in _ENGINE_FIELDS:
-            _add_flag(engine, f, f.metadata["help"])
-        else:
-            _add_flag(p, f, HELP[f.name])
+    for f in fields(EngineSettings):
+        _add_flag(engine, f, f.metadata["help"])
     return p
+
+
+def gateway_fields() -> list[dataclasses.Field]:
+    """The gateway's own settings (the engine's are `fields(EngineSettings)`)."""
+    return [f for f in fields(GatewayConfig) if f.name != "engine"]
+
+
+def flat_settings(config: GatewayConfig) -> dict:
+    """Every setting by its flat name, as an operator gives it: the gateway's and the engine's."""
+    values = {f.name: getattr(config, f.name) for f in gateway_fields()}
+    return values | {f.name: getattr(config.engine, f.name) for f in fields(EngineSettings)}
 
 
 def _add_flag(group, f: dataclasses.Field, help_text: str) -> None:
@@ -328,7 +339,7 @@ def load_config(argv: list[str] | None = None,
     if args.config:
         with open(args.config, "rb") as fh:
             values.update(tomllib.load(fh))
-    by_name = {f.name: f for f in fields(GatewayConfig)}
+    by_name = {f.name: f for f in [*gateway_fields(), *fields(EngineSettings)]}
     unknown = set(values) - set(by_name)
     if unknown:
         raise SystemExit(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
@@ -341,7 +352,8 @@ def load_config(argv: list[str] | None = None,
         arg = getattr(args, name)
         if arg is not None:
             values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
-    config = GatewayConfig(**values)
+    engine = EngineSettings(**{k: v for k, v in values.items() if k in _ENGINE_FIELDS})
+    config = GatewayConfig(engine, **{k: v for k, v in values.items() if k not in _ENGINE_FIELDS})
     config.check_fleet()
     config.check_engine()
     refuse_open_keyless(config)

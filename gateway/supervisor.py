@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, flat_settings
 
 log = logging.getLogger("gateway.supervisor")
 MAX_BACKOFF = 10.0  # seconds between restarts of a child that keeps dying young
@@ -176,8 +176,8 @@ def child_environ(config: GatewayConfig, **changes) -> dict[str, str]:
     as INFERSTACK_<NAME>, so a child resolves exactly this config with no flag or file."""
     config = dataclasses.replace(config, **changes)
     env = dict(os.environ)
-    for f in dataclasses.fields(GatewayConfig):
-        name, value = "INFERSTACK_" + f.name.upper(), getattr(config, f.name)
+    for setting, value in flat_settings(config).items():
+        name = "INFERSTACK_" + setting.upper()
         if value is None:
             env.pop(name, None)
         elif isinstance(value, tuple):

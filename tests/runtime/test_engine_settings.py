@@ -45,9 +45,7 @@ def engine_of(monkeypatch):
 
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda f: f.name)
 def test_one_default_everywhere(setting):
-    gateway = {f.name: f.default for f in fields(GatewayConfig)}
-    assert gateway[setting.name] == setting.default
-    assert getattr(GatewayConfig(), setting.name) == setting.default
+    assert getattr(GatewayConfig().engine, setting.name) == setting.default
     assert getattr(parse_args([]), setting.name) == setting.default
     # the gateway's flag leaves the value unset, so the default above is the one that applies
     assert getattr(build_parser().parse_args([]), setting.name) is None
@@ -70,7 +68,8 @@ def test_non_default_gateway_flags_reach_engine_config(engine_of):
 
 def test_every_setting_travels(engine_of):
     assert set(NON_DEFAULT) == {f.name for f in SETTINGS}, "give each new setting a value here"
-    assert engine_of(GatewayConfig(**NON_DEFAULT).worker_argv()) == NON_DEFAULT_ENGINE
+    config = GatewayConfig(EngineSettings(**NON_DEFAULT))
+    assert engine_of(config.worker_argv()) == NON_DEFAULT_ENGINE
 
 
 def test_every_setting_travels_from_the_environment(engine_of):
@@ -96,7 +95,7 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
 
 def test_gateway_keeps_both_prefix_caching_switches():
     assert build_parser().parse_args(["--prefix-caching"]).prefix_caching is True
-    assert load_config(["--no-prefix-caching"], environ={}).prefix_caching is False
+    assert load_config(["--no-prefix-caching"], environ={}).engine.prefix_caching is False
 
 
 @pytest.mark.parametrize("argv,reason", [
