@@ -14,6 +14,12 @@ worker sends `hello` (whether it wants the shared secret, and a fresh nonce); wh
 gateway answers with its own nonce and an HMAC of both under the secret, and the worker proves
 it knows the secret too, so neither side talks frames to a stranger.
 
+A frame that starts a request (AddRequest, ImportKV) carries its `SamplingParams` itself:
+orjson writes them as a nested object of their fields (natively, like the frame), and the
+decoder rebuilds and validates them, so a bad payload is a malformed frame like any other. A
+worker's Ready frame reports its KV capacity in tokens, which the gateway's admission checks a
+request's prompt and output budget against before queueing it.
+
 A Step carries its outputs as `Output` dicts (a TypedDict: typed for the checker, plain for the
 decoder). A step of 1,024 requests decodes in about 1.5 ms as dicts; building a dataclass per
 output tripled that, on the path every token takes.
@@ -30,6 +36,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict, cast
 
 import orjson
+
+from contract.sampling_params import SamplingParams
 
 MAX_FRAME_BYTES = 256 << 20
 _HEADER = struct.Struct(">I")
@@ -63,7 +71,7 @@ class Output(TypedDict, total=False):
 class AddRequest:
     id: str
     prompt: list[int]
-    params: dict  # SamplingParams fields, JSON-able
+    params: SamplingParams
     priority: int = 0
     salt: str | None = None
     prefill_only: bool = False  # disaggregation: stop and park after the first token
@@ -98,7 +106,7 @@ class ImportKV:
     id: str
     prompt: list[int]
     output: list[int]  # the first token(s), sampled by the prefill worker
-    params: dict
+    params: SamplingParams
     key: str
     tag: int
     priority: int = 0
@@ -126,6 +134,9 @@ class Ready:
     sampling_defaults: dict = field(default_factory=dict)  # the model's, for omitted fields
     quantization: str = "none"  # how its weights are served (runtime/loading/quantization.py)
     model_id: str = ""  # the prefix-cache hash root (LLMEngine.model_id): routing needs it
+    # the most tokens one request (prompt plus max_tokens) can hold in its KV cache; 0: not
+    # reported, so the gateway leaves the check to the worker
+    kv_capacity_tokens: int = 0
     type: str = field(default="ready", init=False)
 
 
@@ -203,6 +214,7 @@ _FRAMES: dict[str, type] = {cast(str, cls.__dataclass_fields__["type"].default):
     AddRequest, AbortRequest, Shutdown, ExportKV, ImportKV, Ready, Step, Rejected, IdleStats,
     KvEvents, TransferDone, ImportFailed)}
 _FIELDS = {name: {f.name for f in fields(cls)} - {"type"} for name, cls in _FRAMES.items()}
+_WITH_PARAMS = frozenset({"add", "import"})  # frames whose `params` is a SamplingParams
 
 
 # ---- the one encoder and decoder --------------------------------------------------------
@@ -231,10 +243,22 @@ def frame_from_dict(message: Any) -> Frame:
     unknown = message.keys() - _FIELDS[kind]
     if unknown:
         raise ProtocolError(f"{kind} frame with unknown fields {sorted(unknown)[:5]}")
+    if kind in _WITH_PARAMS and "params" in message:
+        message["params"] = _sampling_params(kind, message["params"])
     try:
         return cls(**message)
     except TypeError as exc:  # a required field is missing
         raise ProtocolError(f"{kind} frame: {exc}") from None
+
+
+def _sampling_params(kind: str, values: Any) -> SamplingParams:
+    """A frame's params rebuilt and validated (its lists become the tuples they were)."""
+    if not isinstance(values, dict):
+        raise ProtocolError(f"{kind} frame: params is not an object")
+    try:
+        return SamplingParams(**values)
+    except (TypeError, ValueError) as exc:  # unknown or missing fields, bad values
+        raise ProtocolError(f"{kind} frame: params: {exc}") from None
 
 
 def read_frame_blocking(stream) -> Frame | None:

@@ -1,10 +1,18 @@
-"""Per-request sampling parameters, validated once at admission."""
+"""Per-request sampling parameters, validated once at admission.
+
+The gateway builds one `SamplingParams` per request, once its prompt is tokenized and the output
+budget known; before that it checks the other fields with `check_sampling_fields`, which builds
+nothing. The object crosses to the worker inside an `AddRequest` (contract/frames.py): orjson
+writes its fields natively (the derived attributes start with "_", which orjson skips), and the
+frame decoder rebuilds it here, validated.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from contract.errors import InvalidRequestError
+from contract.errors import InvalidRequestError, PromptTooLongError
 from contract.structured_spec import validate_spec
 
 MAX_TOP_LOGPROBS = 20
@@ -56,17 +64,28 @@ class SamplingParams:
     structured: dict | None = None  # a grammar spec (contract/structured_spec.py)
     jump_forward: bool = True  # append a grammar's forced tokens without sampling them
     if TYPE_CHECKING:  # for the checker only: each instance sets its own in __post_init__;
-        stop_token_set: ClassVar[frozenset[int]]  # ClassVar so it is not a dataclass field
-        structured_key: ClassVar[str | None]  # the spec's canonical text: the compile cache key
+        _stop_token_set: ClassVar[frozenset[int]]  # ClassVar so it is not a dataclass field
+        _structured_key: ClassVar[str | None]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        self._validate()
-        # the engine tests every generated token against these: a set, not a scan
-        object.__setattr__(self, "stop_token_set", frozenset(self.stop_token_ids))
-        object.__setattr__(self, "structured_key", None if self.structured is None
+        _check_max_tokens(self.max_tokens)
+        _check_fields(self.__dict__)  # every field, already tuples: nothing copied
+        # derived, so not fields: named with "_" so that orjson leaves them out of a frame;
+        # the engine tests every generated token against the stop set: a set, not a scan
+        object.__setattr__(self, "_stop_token_set", frozenset(self.stop_token_ids))
+        object.__setattr__(self, "_structured_key", None if self.structured is None
                            else validate_spec(self.structured))
+
+    @property
+    def stop_token_set(self) -> frozenset[int]:
+        return self._stop_token_set
+
+    @property
+    def structured_key(self) -> str | None:
+        """The spec's canonical text: the grammar compile cache's key."""
+        return self._structured_key
 
     @property
     def is_greedy(self) -> bool:
@@ -77,52 +96,100 @@ class SamplingParams:
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
 
-    def _validate(self) -> None:
-        def bad(param: str, why: str) -> InvalidRequestError:
-            return InvalidRequestError(f"{param} {why}", param=param)
 
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool):
-            raise bad("max_tokens", f"must be an integer, got {self.max_tokens!r}")
-        if self.max_tokens < 1:
-            raise bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
-        if not (self.temperature >= 0.0):  # also rejects NaN
-            raise bad("temperature", f"must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise bad("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k}")
-        if not (0.0 <= self.min_p <= 1.0):
-            raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not (-2.0 <= value <= 2.0):
-                raise bad(name, f"must be in [-2, 2], got {value}")
-        if not (0.0 < self.repetition_penalty <= 10.0):
-            raise bad("repetition_penalty",
-                      f"must be in (0, 10], got {self.repetition_penalty}")
-        if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
-            raise bad("top_logprobs",
-                      f"must be in [0, {MAX_TOP_LOGPROBS}], got {self.top_logprobs}")
-        k = self.prompt_logprobs
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool)
-                              or not 0 <= k <= MAX_TOP_LOGPROBS):
-            raise bad("prompt_logprobs", f"must be null or an integer in "
-                                         f"[0, {MAX_TOP_LOGPROBS}], got {k!r:.40}")
-        if self.seed is not None and (not isinstance(self.seed, int)
-                                      or not MIN_SEED <= self.seed <= MAX_SEED):
-            raise bad("seed", f"must be an integer in [{MIN_SEED}, {MAX_SEED}], "
-                              f"got {self.seed!r:.40}")
-        if len(self.stop) > MAX_STOP_STRINGS:
-            raise bad("stop", f"allows at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
-        for s in self.stop:
-            if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
-                raise bad("stop", f"strings must be non-empty and at most "
-                                  f"{MAX_STOP_STRING_CHARS} characters, got {s!r:.40}")
-        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise bad("stop_token_ids", f"allows at most {MAX_STOP_TOKEN_IDS} ids, "
-                                        f"got {len(self.stop_token_ids)}")
-        for t in self.stop_token_ids:
-            if not isinstance(t, int) or t < 0:
-                raise bad("stop_token_ids", f"must be non-negative integers, got {t!r}")
-        if not isinstance(self.jump_forward, bool):
-            raise bad("jump_forward", f"must be true or false, got {self.jump_forward!r:.40}")
+# every field but max_tokens, at its default: what a mapping of some fields is checked against
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(SamplingParams)
+                                   if f.name != "max_tokens" and f.default is not MISSING}
+
+
+def check_sampling_fields(values: Mapping[str, Any]) -> None:
+    """Raise what `SamplingParams(max_tokens=..., **values)` would raise for these fields,
+    building nothing: the gateway checks a request's fields before tokenization decides its
+    output budget, and builds the one SamplingParams after. An unknown name is a TypeError, as
+    the constructor's."""
+    unknown = values.keys() - _FIELD_DEFAULTS.keys()
+    if unknown:
+        raise TypeError(f"not sampling fields: {sorted(unknown)}")
+    merged = {**_FIELD_DEFAULTS, **values}
+    merged["stop"], merged["stop_token_ids"] = tuple(merged["stop"]), \
+        tuple(merged["stop_token_ids"])
+    _check_fields(merged)
+    if merged["structured"] is not None:
+        validate_spec(merged["structured"])
+
+
+def check_kv_capacity(num_prompt_tokens: int, max_tokens: int, capacity_tokens: int) -> None:
+    """Raise PromptTooLongError (naming max_tokens) when a prompt and its whole output budget
+    cannot fit a worker's KV cache of `capacity_tokens`: the gateway's admission and the
+    worker's own check (runtime/scheduling/validate.py) refuse with the same words."""
+    if num_prompt_tokens + max_tokens > capacity_tokens:
+        raise PromptTooLongError(
+            f"prompt plus max_tokens ({num_prompt_tokens + max_tokens} tokens) exceeds the KV "
+            f"cache capacity of {capacity_tokens} tokens", param="max_tokens")
+
+
+def _bad(param: str, why: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{param} {why}", param=param)
+
+
+def _check_max_tokens(max_tokens: object) -> None:
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
+        raise _bad("max_tokens", f"must be an integer, got {max_tokens!r}")
+    if max_tokens < 1:
+        raise _bad("max_tokens", f"must be at least 1, got {max_tokens}")
+
+
+def _check_fields(f: Mapping[str, Any]) -> None:
+    """Every field but max_tokens, from a mapping holding all of them (stops as tuples): an
+    instance's own __dict__, so that checking one copies nothing."""
+    _check_numbers(f)
+    _check_logprobs_and_seed(f)
+    _check_stops(f)
+    if not isinstance(f["jump_forward"], bool):
+        raise _bad("jump_forward", f"must be true or false, got {f['jump_forward']!r:.40}")
+
+
+def _check_numbers(f: Mapping[str, Any]) -> None:
+    if not (f["temperature"] >= 0.0):  # also rejects NaN
+        raise _bad("temperature", f"must be >= 0, got {f['temperature']}")
+    if not (0.0 < f["top_p"] <= 1.0):
+        raise _bad("top_p", f"must be in (0, 1], got {f['top_p']}")
+    top_k = f["top_k"]
+    if not isinstance(top_k, int) or top_k < -1:
+        raise _bad("top_k", f"must be -1, 0 (disabled) or a positive integer, got {top_k}")
+    if not (0.0 <= f["min_p"] <= 1.0):
+        raise _bad("min_p", f"must be in [0, 1], got {f['min_p']}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not (-2.0 <= f[name] <= 2.0):
+            raise _bad(name, f"must be in [-2, 2], got {f[name]}")
+    if not (0.0 < f["repetition_penalty"] <= 10.0):
+        raise _bad("repetition_penalty", f"must be in (0, 10], got {f['repetition_penalty']}")
+
+
+def _check_logprobs_and_seed(f: Mapping[str, Any]) -> None:
+    if not (0 <= f["top_logprobs"] <= MAX_TOP_LOGPROBS):
+        raise _bad("top_logprobs",
+                   f"must be in [0, {MAX_TOP_LOGPROBS}], got {f['top_logprobs']}")
+    k = f["prompt_logprobs"]
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool)
+                          or not 0 <= k <= MAX_TOP_LOGPROBS):
+        raise _bad("prompt_logprobs", f"must be null or an integer in "
+                                      f"[0, {MAX_TOP_LOGPROBS}], got {k!r:.40}")
+    seed = f["seed"]
+    if seed is not None and (not isinstance(seed, int) or not MIN_SEED <= seed <= MAX_SEED):
+        raise _bad("seed", f"must be an integer in [{MIN_SEED}, {MAX_SEED}], got {seed!r:.40}")
+
+
+def _check_stops(f: Mapping[str, Any]) -> None:
+    stop, ids = f["stop"], f["stop_token_ids"]
+    if len(stop) > MAX_STOP_STRINGS:
+        raise _bad("stop", f"allows at most {MAX_STOP_STRINGS} strings, got {len(stop)}")
+    for s in stop:
+        if not isinstance(s, str) or not s or len(s) > MAX_STOP_STRING_CHARS:
+            raise _bad("stop", f"strings must be non-empty and at most "
+                               f"{MAX_STOP_STRING_CHARS} characters, got {s!r:.40}")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise _bad("stop_token_ids", f"allows at most {MAX_STOP_TOKEN_IDS} ids, got {len(ids)}")
+    for t in ids:
+        if not isinstance(t, int) or t < 0:
+            raise _bad("stop_token_ids", f"must be non-negative integers, got {t!r}")

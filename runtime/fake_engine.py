@@ -144,10 +144,15 @@ class FakeEngine:
                 "steps": self.steps, "busy_seconds": self.busy, "preemptions": 0,
                 "prompt_tokens": 0, "generation_tokens": self.generated}
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """As the model engine's: its simulated pool, which the Ready frame reports."""
+        return self.num_blocks * self.block_size
+
     def validate(self, request_id, prompt, params, priority=0, cache_salt=None) -> None:
         validate_request(request_id, prompt, params, priority, cache_salt,
                          vocab_size=self.tokenizer.vocab_size, max_model_len=self.max_model_len,
-                         kv_capacity_tokens=self.num_blocks * self.block_size)
+                         kv_capacity_tokens=self.kv_capacity_tokens)
         if request_id in self.requests:
             raise DuplicateRequestError(f"request id {request_id!r} is already in the engine",
                                         param="request_id")

@@ -180,7 +180,7 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
         if delta.prompt_logprobs is not None:
             prompt_logprobs[delta.index] = delta.prompt_logprobs
     await wait_committed(gen)  # the bill is durable before the client sees the answer
-    wants_logprobs = req.params.logprobs or req.params.top_logprobs > 0
+    wants_logprobs = gen.params.logprobs or gen.params.top_logprobs > 0
     choices = []
     for i in range(req.n):
         text: str | None = "".join(texts[i])

@@ -10,7 +10,6 @@ import the whole OpenAI surface from one module.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -24,6 +23,7 @@ from contract.sampling_params import (
     MAX_TOP_LOGPROBS,
     MIN_SEED,
     SamplingParams,
+    check_sampling_fields,
 )
 from gateway.errors import APIError, bad_request, from_runtime_error
 from gateway.openai.json_fields import (
@@ -74,9 +74,11 @@ UNSUPPORTED = ("functions", "logit_bias", "suffix")
 class GenerationRequest:
     """One validated generation request, independent of the endpoint it came from.
 
-    `params` holds every sampling choice, validated, except the output budget: its max_tokens is
-    `max_tokens` or a placeholder 1 when the client gave none. The gateway picks the real budget
-    (e.g. the rest of the context) and calls `sampling_params(budget)` for the runtime object.
+    `sampling` holds every sampling field but the output budget, checked as SamplingParams
+    checks them (contract/sampling_params.py) without building one: the budget needs the prompt's
+    length. Once the prompt is tokenized the gateway picks it (`max_tokens`, or e.g. the rest of
+    the context when the client gave none) and calls `sampling_params(budget)`, once: that one
+    object is what the request's record holds and its frames carry.
     """
 
     kind: str  # "chat" or "completion"
@@ -84,7 +86,7 @@ class GenerationRequest:
     messages: tuple[dict, ...] | None  # chat: ({"role": str, "content": str}, ...)
     prompt: str | tuple[int, ...] | None  # completion: text or token ids
     max_tokens: int | None  # None: the client left it to the server
-    params: SamplingParams
+    sampling: Mapping[str, Any]  # every SamplingParams field but max_tokens, read-only
     n: int = 1
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
@@ -99,7 +101,7 @@ class GenerationRequest:
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The runtime's parameters with this output budget (a 400 naming max_tokens if < 1)."""
         try:
-            return dataclasses.replace(self.params, max_tokens=max_tokens)
+            return SamplingParams(max_tokens=max_tokens, **self.sampling)
         except InvalidRequestError as exc:
             raise from_runtime_error(exc) from None
 
@@ -153,9 +155,9 @@ def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_lo
     if stream and body.get("prompt_logprobs") is not None:  # as vLLM: they come in one piece
         raise bad_request("prompt_logprobs are not available when stream is true",
                           "prompt_logprobs")
-    params = _sampling_params(body, max_tokens or 1, logprobs, top_logprobs, defaults, structured)
+    sampling = _sampling_fields(body, logprobs, top_logprobs, defaults, structured)
     return GenerationRequest(
-        kind=kind, model=read_str(body, "model", None), max_tokens=max_tokens, params=params,
+        kind=kind, model=read_str(body, "model", None), max_tokens=max_tokens, sampling=sampling,
         messages=fields.get("messages"), prompt=fields.get("prompt"),
         n=read_int(body, "n", 1, lo=1, hi=MAX_N), stream=stream,
         include_usage=read_bool(stream_options, "include_usage", False,
@@ -179,14 +181,13 @@ def _constraint(body: dict, tools: ToolSpec | None) -> dict | None:
     return structured
 
 
-def _sampling_params(body: dict, max_tokens: int, logprobs: bool, top_logprobs: int,
-                     defaults: Defaults, structured: dict | None = None) -> SamplingParams:
-    # types and our own bounds here; SamplingParams checks the rest and names the same params
+def _sampling_fields(body: dict, logprobs: bool, top_logprobs: int, defaults: Defaults,
+                     structured: dict | None = None) -> Mapping[str, Any]:
+    # types and our own bounds here; check_sampling_fields the rest, naming the same params
     def default(name: str, openai: float) -> Any:
         return defaults.get(name, openai)
 
     kwargs: dict[str, Any] = dict(
-        max_tokens=max_tokens,
         temperature=read_number(body, "temperature", default("temperature", 1.0), lo=0.0,
                                 hi=MAX_TEMPERATURE),
         top_p=read_number(body, "top_p", default("top_p", 1.0)),
@@ -204,9 +205,10 @@ def _sampling_params(body: dict, max_tokens: int, logprobs: bool, top_logprobs: 
         prompt_logprobs=read_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS),
         structured=structured)
     try:
-        return SamplingParams(**kwargs)
+        check_sampling_fields(kwargs)
     except InvalidRequestError as exc:
         raise from_runtime_error(exc) from None
+    return MappingProxyType(kwargs)
 
 
 def _require_object(body: Any) -> dict:

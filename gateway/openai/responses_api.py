@@ -245,9 +245,9 @@ def response_shell(response_id: str, req: ResponsesRequest, gen: GenerationReque
               "metadata": req.metadata, "parallel_tool_calls": req.parallel_tool_calls,
               "previous_response_id": req.previous_response_id,
               "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
-              "store": stored, "temperature": gen.params.temperature,
+              "store": stored, "temperature": gen.sampling["temperature"],
               "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice,
-              "tools": [], "top_logprobs": 0, "top_p": gen.params.top_p,
+              "tools": [], "top_logprobs": 0, "top_p": gen.sampling["top_p"],
               "truncation": "disabled", "user": gen.user}
     return ResponseShell(response_id, "msg_" + uuid.uuid4().hex, fields)
 

@@ -86,7 +86,7 @@ class Accounting:
 
     async def _charge(self, gen, key: ApiKey) -> Charge:
         tenant = key.tenant
-        max_output = gen.params["max_tokens"] * gen.n
+        max_output = gen.params.max_tokens * gen.n
         tokens = len(gen.prompt) + max_output
         _raise_if_waiting(tenant, await _or_503(self.limits.take_tokens(tenant, tokens)))
         multiplier = self.prices.multiplier()

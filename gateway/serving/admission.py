@@ -1,6 +1,7 @@
 """Admission: everything a request passes before the queue, in order: the tenant may use the
-model, tokenization and context checks, the time-to-first-token deadline, the rate limits, the
-budget reservation and the fair-share start. A refusal at any point leaves nothing behind."""
+model, tokenization and the context and KV-capacity checks (with the one SamplingParams built
+then), the time-to-first-token deadline, the rate limits, the budget reservation and the
+fair-share start. A refusal at any point leaves nothing behind."""
 from __future__ import annotations
 
 from gateway.errors import APIError, bad_request, rate_limited

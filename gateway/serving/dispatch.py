@@ -73,6 +73,13 @@ class Dispatcher:
     def disaggregated(self) -> bool:
         return bool(self.decode_workers)
 
+    def kv_capacity_tokens(self) -> int:
+        """The most tokens (prompt plus max_tokens) one request can hold on any ready worker
+        that takes new requests (with disaggregation, the prefill workers, which get its
+        AddRequest), from their Ready frames; 0 when none has said, leaving it to the workers."""
+        return max((w.kv_capacity_tokens for w in self.workers
+                    if w.alive and w.index not in self.draining), default=0)
+
     # ---- admission ----------------------------------------------------------------------
     def enqueue(self, job: InFlightRequest, virtual_start: float | None = None) -> None:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""

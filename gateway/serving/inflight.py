@@ -14,6 +14,7 @@ which is how worker outputs find their request.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import time
 from collections import Counter
@@ -22,7 +23,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from contract.frames import AddRequest
-from contract.sampling_params import choice_seed
+from contract.sampling_params import SamplingParams, choice_seed
 from gateway.openai.requests import GenerationRequest
 from gateway.workers.output_stream import OutputStream
 
@@ -65,7 +66,7 @@ class InFlightRequest:
     request: GenerationRequest
     prompt: list[int]
     prompt_text: str
-    params: dict  # SamplingParams fields, JSON-able
+    params: SamplingParams  # built once, after tokenization fixed the output budget
     priority: int
     salt: str | None
     stream: OutputStream = field(default_factory=OutputStream)  # outputs of every choice
@@ -105,12 +106,13 @@ class InFlightRequest:
     def choice_of(self, sub_id: str) -> int:
         return 0 if self.n == 1 else int(sub_id.rsplit("/", 1)[1])
 
-    def sub_params(self, i: int) -> dict:
-        """Sampling fields of choice i: seeded requests get n distinct, reproducible samples."""
-        params = dict(self.params)
-        if params.get("seed") is not None and self.n > 1:
-            params["seed"] = choice_seed(params["seed"], i)
-        return params
+    def sub_params(self, i: int) -> SamplingParams:
+        """Sampling parameters of choice i: the request's own, except that a seeded request
+        with several choices gives each its own seed (n distinct, reproducible samples)."""
+        params = self.params
+        if params.seed is None or self.n == 1:
+            return params
+        return dataclasses.replace(params, seed=choice_seed(params.seed, i))
 
     def add_messages(self, prefill_only: bool = False) -> list[AddRequest]:
         """The worker's "add" frame of every choice."""

@@ -1,7 +1,8 @@
 """From a validated API request to a stream of per-choice deltas; no HTTP here.
 
-`prepare` tokenizes and checks the context before anything is queued and makes the request's
-in-flight record (gateway/serving/inflight.py); `enqueue` queues it; `stream` waits for a worker and
+`prepare` tokenizes, picks the output budget, checks the context and the workers' KV capacity
+before anything is queued, and makes the request's in-flight record (gateway/serving/inflight.py)
+with its one `SamplingParams`; `enqueue` queues it; `stream` waits for a worker and
 yields each choice's new text as it arrives. Leaving the iteration early (the client went
 away) cancels the request wherever it is: queue entry or worker request.
 """
@@ -15,7 +16,9 @@ from dataclasses import dataclass
 
 import orjson
 
+from contract.errors import PromptTooLongError
 from contract.frames import Rejected
+from contract.sampling_params import check_kv_capacity
 from gateway.errors import APIError, bad_request, rate_limited, server_error
 from gateway.openai.requests import GenerationRequest
 from gateway.openai.responses import LogprobToken, new_id, prompt_logprobs_entries
@@ -69,24 +72,32 @@ class GenerationService:
                       request_id: str | None = None,
                       priority: int | None = None) -> InFlightRequest:
         prompt_text, prompt = await self._tokenize(request)
-        n = len(prompt)
+        params = request.sampling_params(self._budget(request, len(prompt)))  # the one build
+        return InFlightRequest(request_id or new_id(request.kind), request, prompt, prompt_text,
+                               params, request.priority if priority is None else priority, salt,
+                               OutputStream(self.stream_buffer_bytes))
+
+    def _budget(self, request: GenerationRequest, n: int) -> int:
+        """The output budget of a prompt of `n` tokens: the client's max_tokens, or the most
+        that fits. A 400 when the prompt and it cannot fit the context or any worker's KV."""
         if n == 0:
             raise bad_request("the prompt is empty", param="prompt")
         if n >= self.max_model_len:
             raise self._too_long(n, "messages" if request.kind == "chat" else "prompt")
         room = self.max_model_len - n
+        capacity = self.dispatcher.kv_capacity_tokens()
         max_tokens = request.max_tokens
         if max_tokens is None:
             max_tokens = min(room, self.default_max_tokens or room)
+            if capacity and n < capacity:  # a budget no worker can hold is no default
+                max_tokens = min(max_tokens, capacity - n)
         elif max_tokens > room:
             raise bad_request(f"max_tokens is {max_tokens}, but the prompt has {n} tokens and "
                               f"the context is {self.max_model_len}: at most {room} fit",
                               param="max_tokens", code="context_length_exceeded")
-        params = request.sampling_params(max_tokens)
-        return InFlightRequest(request_id or new_id(request.kind), request, prompt, prompt_text,
-                               _params_dict(params),
-                               request.priority if priority is None else priority, salt,
-                               OutputStream(self.stream_buffer_bytes))
+        if capacity:
+            _check_kv_capacity(n, max_tokens, capacity)
+        return max_tokens
 
     async def tokenize(self, request: GenerationRequest, add_generation_prompt: bool = True,
                        add_special_tokens: bool = False) -> list[int]:
@@ -277,8 +288,10 @@ def _max_token_bytes(tokenizer) -> int:
     return longest
 
 
-def _params_dict(params) -> dict:
-    """SamplingParams as JSON-able fields for the worker protocol."""
-    import dataclasses
-    return {k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(params).items()}
+def _check_kv_capacity(n: int, max_tokens: int, capacity: int) -> None:
+    """Refused as a worker refuses it (its Rejected frame becomes this same 400, see `_delta`),
+    only earlier: before the request is billed, queued or sent."""
+    try:
+        check_kv_capacity(n, max_tokens, capacity)
+    except PromptTooLongError as exc:
+        raise bad_request(str(exc), param=exc.param) from None

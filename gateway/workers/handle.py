@@ -182,6 +182,12 @@ class WorkerHandle:
         return self.info.num_blocks if self.info is not None else 0
 
     @property
+    def kv_capacity_tokens(self) -> int:
+        """The most tokens (prompt plus max_tokens) one request can hold here, from the Ready
+        frame; 0 when unknown. The service refuses larger requests before queueing them."""
+        return self.info.kv_capacity_tokens if self.info is not None else 0
+
+    @property
     def num_inflight(self) -> int:
         return len(self.inflight)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contract.errors import InvalidRequestError, PromptTooLongError
-from contract.sampling_params import SamplingParams
+from contract.sampling_params import SamplingParams, check_kv_capacity
 
 MAX_CACHE_SALT_BYTES = 1024
 
@@ -30,10 +30,10 @@ def validate_request(request_id: object, prompt_token_ids: object, params: objec
             f"prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model's "
             f"context of {max_model_len} tokens; ask for at most {max_model_len - n}",
             param="max_tokens")
-    if n + params.max_tokens > kv_capacity_tokens:
-        raise PromptTooLongError(
-            f"prompt plus max_tokens ({n + params.max_tokens} tokens) exceeds the KV cache "
-            f"capacity of {kv_capacity_tokens} tokens", param="max_tokens")
+    # gateways refuse these at admission from the Ready frames' capacities; this stays the
+    # backstop: a pool whose largest capacity is another worker's, a request admitted before
+    # any worker was ready, a gateway that does not check
+    check_kv_capacity(n, params.max_tokens, kv_capacity_tokens)
     for t in params.stop_token_ids:
         if t >= vocab_size:
             raise InvalidRequestError(f"stop_token_ids holds {t}, outside the vocabulary "

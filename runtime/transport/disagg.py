@@ -154,10 +154,10 @@ class Disagg:
             self.transport.send(rid, frame.key, frame.tag, blocks or [])
 
     # ---- decode side ------------------------------------------------------------------
-    def import_(self, frame: ImportKV, params) -> None:
+    def import_(self, frame: ImportKV) -> None:
         rid = frame.id
         try:
-            block_ids = self.engine.import_request(rid, frame.prompt, frame.output, params,
+            block_ids = self.engine.import_request(rid, frame.prompt, frame.output, frame.params,
                                                    frame.priority, frame.salt, frame.cached)
         except Exception as exc:  # noqa: BLE001 - refused like an add; the gateway fails it
             self.send(ImportFailed(rid, str(exc)))

@@ -7,8 +7,11 @@ transport: readers (a thread on stdin here, one per socket there) queue commands
 thread applies them between engine steps, so only it touches the engine, and sends frames
 through a link (here `StreamLink`, any binary stream). A request the engine refuses after
 admitting it (its grammar did not compile) goes back as a `Rejected` frame, like one refused at
-once. After each step the engine's prefix-cache events, when it has them, go to every gateway
-as `KvEvents`. The end of stdin (the gateway went away) ends the pipe worker.
+once. A frame's sampling parameters arrive as a validated `SamplingParams`, rebuilt by the
+frame decoder: a bad payload is a frame that cannot be read (this worker exits 1; a shared one
+closes that gateway's connection). After each step the engine's prefix-cache events, when it
+has them, go to every gateway as `KvEvents`. The end of stdin (the gateway went away) ends the
+pipe worker.
 """
 from __future__ import annotations
 
@@ -19,7 +22,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from contract.engine_settings import add_worker_flags, settings_from_args
 from contract.errors import RuntimeErrorBase
@@ -29,7 +31,6 @@ from contract.frames import (
     ExportKV,
     Frame,
     IdleStats,
-    ImportFailed,
     ImportKV,
     KvEvents,
     Output,
@@ -42,7 +43,6 @@ from contract.frames import (
 )
 from contract.gc_tuning import tune_gc_for_serving
 from contract.outputs import RequestOutput, StepStats
-from contract.sampling_params import SamplingParams
 from runtime.execution.device_stats import DeviceStats
 
 IDLE_STATS_SECONDS = 1.0
@@ -137,8 +137,10 @@ class Worker:
 
     # ---- greeting and KV events ---------------------------------------------------------
     def ready_message(self, sampling_defaults: dict | None = None) -> Ready:
+        # the capacity lets gateways refuse a request that cannot fit before queueing it
         return Ready(pid=os.getpid(), tokenizer=self.engine.tokenizer.to_json(),
-                     sampling_defaults=sampling_defaults or {}, **self.engine.info())
+                     sampling_defaults=sampling_defaults or {},
+                     kv_capacity_tokens=self.engine.kv_capacity_tokens, **self.engine.info())
 
     def greet(self, link, sampling_defaults: dict | None = None) -> None:
         """A gateway joins: the Ready frame, then the prefix cache's blocks now (one cleared
@@ -203,20 +205,9 @@ class Worker:
             case ExportKV():
                 self.disagg.export(command)
             case ImportKV():
-                try:
-                    params = self.params(command.params)
-                except (TypeError, ValueError) as exc:
-                    self.send(ImportFailed(command.id, str(exc)))
-                    return
-                self.disagg.import_(command, params)
+                self.disagg.import_(command)
             case dict():  # the transfer threads' results
                 self.disagg.on_internal(command)
-
-    @staticmethod
-    def params(fields: dict) -> SamplingParams:
-        kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in fields.items()}
-        return SamplingParams(**kwargs)
 
     def messages(self, outputs: list[RequestOutput]) -> list[Output]:
         messages = [output_message(o) for o in outputs]
@@ -234,8 +225,8 @@ class Worker:
     def admit(self, frame: AddRequest) -> dict | None:
         """Give the request to the engine; the reason it was refused, if it was."""
         try:
-            params = self.params(frame.params)
-            self.engine.add_request(frame.id, frame.prompt, params, frame.priority, frame.salt)
+            self.engine.add_request(frame.id, frame.prompt, frame.params, frame.priority,
+                                    frame.salt)
             if frame.prefill_only and self.disagg is not None:
                 self.disagg.prefill_only.add(frame.id)
         except (RuntimeErrorBase, TypeError, ValueError) as exc:
@@ -289,6 +280,8 @@ def build_parser(prog: str = "python -m runtime.transport.worker") -> argparse.A
                    help="a deterministic fake engine (no model), for gateway tests")
     p.add_argument("--fake-step-ms", type=float, default=2.0,
                    help="simulated seconds of work per fake engine step, in milliseconds")
+    p.add_argument("--fake-kv-blocks", type=int, default=4096,
+                   help="the fake engine's KV blocks of 16 tokens (its reported capacity)")
     return p
 
 
@@ -301,7 +294,7 @@ def build_engine(args):
     if args.fake:
         from runtime.fake_engine import FakeEngine
         return FakeEngine(step_seconds=args.fake_step_ms / 1000,
-                          max_num_seqs=settings.max_num_seqs)
+                          max_num_seqs=settings.max_num_seqs, num_blocks=args.fake_kv_blocks)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)

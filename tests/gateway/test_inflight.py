@@ -11,9 +11,8 @@ from gateway.serving.inflight import IllegalTransition, InFlightRequest, InFligh
 
 
 def _record(request_id: str = "r", n: int = 2) -> InFlightRequest:
-    request = GenerationRequest("completion", None, None, (1,), 4, SamplingParams(max_tokens=4),
-                                n=n)
-    return InFlightRequest(request_id, request, [1], "x", {"max_tokens": 4}, 0, None)
+    request = GenerationRequest("completion", None, None, (1,), 4, {}, n=n)
+    return InFlightRequest(request_id, request, [1], "x", SamplingParams(max_tokens=4), 0, None)
 
 
 def test_a_request_walks_its_phases_and_is_found_by_its_engine_ids():

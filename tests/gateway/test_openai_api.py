@@ -50,7 +50,7 @@ def test_chat_body_parses_into_request_and_params():
                             {"role": "user", "content": "hi"})
     assert (req.max_tokens, req.n, req.stream, req.include_usage) == (20, 3, True, True)
     assert (req.priority, req.user, req.echo) == (-5, "u1", False)
-    assert req.params == SamplingParams(
+    assert req.sampling_params(req.max_tokens) == SamplingParams(
         max_tokens=20, temperature=0.5, top_p=0.9, top_k=40, min_p=0.05, seed=7,
         presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1,
         stop=("\n", "END"), ignore_eos=True, logprobs=True, top_logprobs=5)
@@ -74,13 +74,14 @@ def test_completion_body_parses_with_integer_logprobs_and_echo():
     req = parse_completion_request(completion(max_tokens=8, logprobs=3, echo=True, stop="."))
     assert (req.kind, req.prompt, req.messages, req.echo, req.max_tokens) == (
         "completion", "Once upon", None, True, 8)
-    assert req.params == SamplingParams(max_tokens=8, stop=(".",), logprobs=True, top_logprobs=3)
+    assert req.sampling_params(req.max_tokens) == SamplingParams(
+        max_tokens=8, stop=(".",), logprobs=True, top_logprobs=3)
 
 
 def test_completion_logprobs_zero_means_sampled_token_only():
-    params = parse_completion_request(completion(logprobs=0)).params
-    assert (params.logprobs, params.top_logprobs) == (True, 0)
-    assert parse_completion_request(COMPLETION).params.logprobs is False
+    sampling = parse_completion_request(completion(logprobs=0)).sampling
+    assert (sampling["logprobs"], sampling["top_logprobs"]) == (True, 0)
+    assert parse_completion_request(COMPLETION).sampling["logprobs"] is False
 
 
 @pytest.mark.parametrize("prompt,expected", [

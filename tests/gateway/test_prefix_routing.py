@@ -104,9 +104,8 @@ def _busy(worker: WorkerHandle, n: int) -> None:
 
 
 def _job(prompt: list[int], salt: str | None = SALT) -> InFlightRequest:
-    request = GenerationRequest("completion", None, None, tuple(prompt), 4,
-                                SamplingParams(max_tokens=4))
-    return InFlightRequest("job", request, prompt, "", {"max_tokens": 4}, 0, salt)
+    request = GenerationRequest("completion", None, None, tuple(prompt), 4, {})
+    return InFlightRequest("job", request, prompt, "", SamplingParams(max_tokens=4), 0, salt)
 
 
 def _fleet(n: int = 2, prefix_routing: bool = True, decode: int = 0):

@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from contract.frames import TOKEN_ENV, AddRequest, KvEvents
+from contract.sampling_params import SamplingParams
 from gateway.config import GatewayConfig
 from gateway.workers.events import WorkerDied, WorkerEvents
 from gateway.workers.handle import WorkerHandle
@@ -58,7 +59,7 @@ class Recorder(WorkerEvents):
 
 
 def add(rid: str, prompt: list[int], max_tokens: int) -> AddRequest:
-    return AddRequest(rid, prompt, {"max_tokens": max_tokens, "temperature": 0.0})
+    return AddRequest(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
 async def until(predicate, timeout: float = 60.0) -> None:

@@ -21,6 +21,7 @@ from billing.pricing import PriceBook
 from billing.redis_limits import RedisLimits
 from billing.settlement_outbox import Settlement
 from billing.stores import StoreUnavailable
+from contract.sampling_params import SamplingParams
 from gateway.serving.accounting import Accounting
 from gateway.serving.inflight import InFlightTable
 from tests.services.postgres import postgres_server
@@ -407,7 +408,7 @@ def test_a_client_that_leaves_during_admission_leaves_nothing_held(db, rd, tmp_p
         accounting = Accounting(InFlightTable(), PriceBook.preset("seed"),
                                 PgBudgets(db, str(tmp_path / "outbox.sqlite3")), limits)
         await accounting.start()
-        gens = [SimpleNamespace(params={"max_tokens": 100}, prompt=[1, 2, 3], n=1,
+        gens = [SimpleNamespace(params=SamplingParams(max_tokens=100), prompt=[1, 2, 3], n=1,
                                 request_id=f"c{i}", charge=None) for i in range(5)]
         admissions = [asyncio.create_task(accounting.admit(g, key)) for g in gens]
         await asyncio.sleep(0)  # each waits on its charge: 103 tokens, a reservation, a start

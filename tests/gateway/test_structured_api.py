@@ -86,7 +86,7 @@ def refused(param, parse=chat, **fields) -> APIError:
 ])
 def test_each_way_to_constrain_the_output(fields, spec):
     req = chat(**fields)
-    assert req.structured == spec and req.params.structured == spec
+    assert req.structured == spec and req.sampling["structured"] == spec
     completion = parse_completion_request({"prompt": "x", **fields})
     assert completion.structured == spec  # the legacy endpoint takes them too
 

@@ -49,10 +49,9 @@ def _ready_worker() -> WorkerHandle:
 
 
 def _job(request_id: str, seed: int, n: int = 2) -> InFlightRequest:
-    request = GenerationRequest("completion", None, None, (1, 2, 3), 4,
-                                SamplingParams(max_tokens=4), n=n)
-    return InFlightRequest(request_id, request, [1, 2, 3], "", {"seed": seed, "max_tokens": 4},
-                           0, None)
+    request = GenerationRequest("completion", None, None, (1, 2, 3), 4, {"seed": seed}, n=n)
+    return InFlightRequest(request_id, request, [1, 2, 3], "", request.sampling_params(4), 0,
+                           None)
 
 
 def _enqueue(dispatcher: Dispatcher, rec: InFlightRequest) -> None:
@@ -67,7 +66,8 @@ def test_a_job_whose_frame_cannot_be_encoded_fails_alone():
     async def main():
         worker = _ready_worker()
         dispatcher = Dispatcher([worker], RequestQueue(16), InFlightTable())
-        bad, good = _job("bad", 1 << 70), _job("good", 5)
+        bad, good = _job("bad", 1), _job("good", 5)
+        bad.prompt = [1 << 70]  # past what orjson encodes: its frames cannot be written
         _enqueue(dispatcher, bad)
         _enqueue(dispatcher, good)
         with pytest.raises(DispatchFailed):

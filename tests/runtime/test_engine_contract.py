@@ -4,7 +4,6 @@ WorkerHandle. The same scenarios, the same assertions (runtime/engine_core.py's 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 
@@ -67,9 +66,7 @@ class OverFrames:
         return self
 
     async def submit(self, request_id: str, prompt: list[int], params: SamplingParams):
-        fields = {k: list(v) if isinstance(v, tuple) else v
-                  for k, v in dataclasses.asdict(params).items()}
-        self.handle.submit([AddRequest(request_id, prompt, fields)], self.stream, 0, len(prompt))
+        self.handle.submit([AddRequest(request_id, prompt, params)], self.stream, 0, len(prompt))
 
     async def abort(self, request_id: str) -> None:
         self.handle.abort(request_id)

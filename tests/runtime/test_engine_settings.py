@@ -88,7 +88,7 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
                        "--fake-step-ms", "5"])
     assert (args.model, args.threads, args.kv_store, args.fake, args.fake_step_ms) == (
         "m.gguf", 2, "127.0.0.1:1", True, 5.0)
-    assert build_engine(args) == {"step_seconds": 0.005, "max_num_seqs": 8}
+    assert build_engine(args) == {"step_seconds": 0.005, "max_num_seqs": 8, "num_blocks": 4096}
     args.fake = False
     assert build_engine(args) == NON_DEFAULT_ENGINE
 

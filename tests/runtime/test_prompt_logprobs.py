@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from contract.errors import InvalidRequestError
-from contract.frames import Step, decode_frame, encode_frame
+from contract.frames import ProtocolError, Step, decode_frame, encode_frame, frame_from_dict
 from contract.outputs import MIN_LOGPROB
 from contract.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 from runtime.execution.sampler import score_tokens
-from runtime.transport.worker import Worker, output_message
+from runtime.transport.worker import output_message
 
 TOL = 1e-4  # float32 logprobs of one forward against another (batching changes the sums)
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
@@ -269,6 +269,7 @@ def test_bad_values_are_refused(bad):
     with pytest.raises(InvalidRequestError) as err:
         SamplingParams(prompt_logprobs=bad)
     assert err.value.param == "prompt_logprobs" and "prompt_logprobs" in str(err.value)
-    with pytest.raises(InvalidRequestError):
-        Worker.params({"prompt_logprobs": bad})  # as the worker rebuilds a frame's params
+    with pytest.raises(ProtocolError, match="prompt_logprobs"):  # as the worker reads a frame
+        frame_from_dict({"type": "add", "id": "r", "prompt": [1],
+                         "params": {"prompt_logprobs": bad}})
     assert SamplingParams(prompt_logprobs=MAX_TOP_LOGPROBS).prompt_logprobs == MAX_TOP_LOGPROBS

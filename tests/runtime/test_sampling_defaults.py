@@ -91,20 +91,22 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 def test_defaults_fill_only_the_omitted_fields():
     defaults = {"temperature": 0.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
                 "repetition_penalty": 1.1}
-    omitted = parse_chat_request(CHAT, defaults).params
+    omitted = parse_chat_request(CHAT, defaults).sampling_params(16)
     assert (omitted.temperature, omitted.top_p, omitted.top_k, omitted.min_p,
             omitted.repetition_penalty) == (0.0, 0.9, 40, 0.05, 1.1)
     # sent at OpenAI's own default values: taken as sent, not replaced
     sent = parse_chat_request({**CHAT, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                               "min_p": 0.0, "repetition_penalty": 1.0}, defaults).params
+                               "min_p": 0.0, "repetition_penalty": 1.0}, defaults
+                              ).sampling_params(16)
     assert (sent.temperature, sent.top_p, sent.top_k, sent.min_p,
             sent.repetition_penalty) == (1.0, 1.0, 0, 0.0, 1.0)
     # null is the same as omitted, as in OpenAI's API
-    assert parse_chat_request({**CHAT, "temperature": None}, defaults).params.temperature == 0.0
-    completion = parse_completion_request({"prompt": "x"}, defaults).params
-    assert completion.top_k == 40
+    assert parse_chat_request({**CHAT, "temperature": None}, defaults
+                              ).sampling["temperature"] == 0.0
+    completion = parse_completion_request({"prompt": "x"}, defaults).sampling
+    assert completion["top_k"] == 40
 
 
 def test_without_defaults_a_request_gets_openais():
-    params = parse_chat_request(CHAT).params
+    params = parse_chat_request(CHAT).sampling_params(16)
     assert (params.temperature, params.top_p, params.top_k, params.min_p) == (1.0, 1.0, 0, 0.0)

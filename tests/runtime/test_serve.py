@@ -35,6 +35,7 @@ from contract.frames import (
     read_frame_blocking,
 )
 from contract.model_files import FAKE_MODEL_NAME
+from contract.sampling_params import SamplingParams
 from runtime.fake_engine import FakeEngine
 from runtime.transport.worker import Worker
 from tests.gateway.server import free_port
@@ -125,8 +126,8 @@ class FrameClient:
         self.sock.sendall(encode_frame(frame))
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        self.send(AddRequest(request_id, prompt, {"max_tokens": max_tokens, "temperature": 0.0,
-                                                  "ignore_eos": True}))
+        self.send(AddRequest(request_id, prompt, SamplingParams(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True)))
 
     def next(self) -> Frame:
         frame = read_frame_blocking(self.stream)
@@ -320,8 +321,8 @@ def test_a_connection_without_the_secret_is_closed_before_any_frame(secret_serve
         wants_token, _ = parse_hello(sneak.recv(HELLO_BYTES, socket.MSG_WAITALL))
         assert wants_token
         # frames where the proof belongs: read as a (wrong) proof, never as a frame
-        sneak.sendall(encode_frame(AddRequest("sneak", list(range(50)), {"max_tokens": 50}))
-                      * 4)
+        sneak.sendall(encode_frame(AddRequest("sneak", list(range(50)),
+                                              SamplingParams(max_tokens=50))) * 4)
         assert ended(sneak)
     finally:
         sneak.close()
@@ -379,7 +380,7 @@ def test_the_pipe_worker_sends_kv_events_after_steps_and_the_state_in_its_greeti
     engine = FakeEngine(step_seconds=0)
     out = io.BytesIO()
     worker = Worker(engine, out)
-    worker.add(AddRequest("r", list(range(50, 90)), {"max_tokens": 3}))
+    worker.add(AddRequest("r", list(range(50, 90)), SamplingParams(max_tokens=3)))
     while engine.has_unfinished_requests():
         worker.step()
     worker.greet(worker.link)
@@ -404,8 +405,8 @@ def _pipe_greedy(argv: list[str], prompts: dict[str, list[int]], n: int) -> dict
     try:
         assert isinstance(read_frame_blocking(proc.stdout), Ready)
         for rid, prompt in prompts.items():
-            proc.stdin.write(encode_frame(AddRequest(rid, prompt, {
-                "max_tokens": n, "temperature": 0.0, "ignore_eos": True})))
+            proc.stdin.write(encode_frame(AddRequest(rid, prompt, SamplingParams(
+                max_tokens=n, temperature=0.0, ignore_eos=True))))
         proc.stdin.flush()
         seen: dict[str, list[int]] = {rid: [] for rid in prompts}
         done: set[str] = set()

@@ -2,7 +2,6 @@
 engine output, then a worker's Rejected frame), never a stalled step for anyone else."""
 from __future__ import annotations
 
-import dataclasses
 import io
 import threading
 
@@ -111,9 +110,7 @@ def test_the_worker_sends_a_late_refusal_as_a_rejected_frame(make_tiny_engine):
     prompt = engine.tokenizer.encode("The quick brown fox")
 
     def add(rid, params):
-        fields = {k: list(v) if isinstance(v, tuple) else v
-                  for k, v in dataclasses.asdict(params).items()}  # as the gateway sends them
-        worker.add(AddRequest(rid, prompt, fields))
+        worker.add(AddRequest(rid, prompt, params))
     add("bad", constrained(BAD))
     add("ok", constrained(SPECS["choice"]))
     while engine.has_unfinished_requests():
