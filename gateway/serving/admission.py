@@ -4,13 +4,35 @@ then), the time-to-first-token deadline, the rate limits, the budget reservation
 fair-share start. A refusal at any point leaves nothing behind."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Protocol
+
+from billing.keys import ApiKey, Tenant
 from gateway.errors import APIError, bad_request, rate_limited
+from gateway.openai.requests import GenerationRequest
+
+if TYPE_CHECKING:
+    from gateway.serving.accounting import Accounting
+    from gateway.serving.inflight import InFlightRequest
+    from gateway.serving.queue import RequestQueue
+    from gateway.serving.service import GenerationService
+
+
+class AdmissionView(Protocol):
+    """What admission reads of the gateway (its state): the names served, the money, the
+    service that tokenizes and queues, and the queue a deadline is judged against."""
+
+    served_names: tuple[str, ...]
+    model_name: str
+    accounting: Accounting | None
+    service: GenerationService | None
+    queue: RequestQueue | None
 
 SHARED_CACHE_SALT = "shared-namespace"  # the opt-in public prefix-cache namespace
 
 
-async def admit(state, key, req, body, trace_headers: dict | None = None,
-                request_id: str | None = None):
+async def admit(state: AdmissionView, key: ApiKey, req: GenerationRequest, body: Any,
+                trace_headers: dict | None = None,
+                request_id: str | None = None) -> InFlightRequest:
     """Tenant checks, tokenization and admission: everything before the queue. `request_id`
     names the record when the endpoint has its own id scheme (the Responses API's resp_...)."""
     tenant = key.tenant
@@ -33,7 +55,7 @@ async def admit(state, key, req, body, trace_headers: dict | None = None,
     return gen
 
 
-def check_model(state, tenant, model: str | None) -> None:
+def check_model(state: AdmissionView, tenant: Tenant, model: str | None) -> None:
     """404 for a model this gateway does not serve (never serve and bill another one), or one
     the tenant may not use. No model named means the served one."""
     if model is not None and model not in state.served_names:
@@ -49,7 +71,7 @@ def model_not_found(message: str) -> APIError:
     return APIError(404, message, "invalid_request_error", "model", code="model_not_found")
 
 
-def check_deadline(state, body, priority: int) -> None:
+def check_deadline(state: AdmissionView, body: Any, priority: int) -> None:
     """Reject at once a request whose time-to-first-token deadline the queue cannot meet."""
     deadline = body.get("ttft_deadline_ms") if isinstance(body, dict) else None
     if deadline is None:

@@ -19,10 +19,16 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 import redis.asyncio as aioredis
 
 from gateway.serving.worker_pool import WorkerPool
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
+    from gateway.serving.queue import RequestQueue
+    from gateway.workers.handle import WorkerHandle
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "inferstack:fleet:gateway:"
@@ -37,14 +43,24 @@ def gateway_id(config) -> str:
         f"{socket.gethostname()}:{config.port}:{os.getpid()}"
 
 
-def address(config) -> str:
+def address(config: GatewayConfig) -> str:
     host = getattr(config, "advertise_host", None) or config.host
     if host in ("", "0.0.0.0", "::"):
         host = socket.gethostname()
     return f"{host}:{config.port}"
 
 
-def describe_gateway(state, pool: WorkerPool, ident: str) -> dict:
+class GatewayView(Protocol):
+    """What a gateway's fleet entry reads of it (its state)."""
+
+    config: GatewayConfig
+    started_at: float
+    draining: bool
+    queue: RequestQueue | None
+    workers: list[WorkerHandle]
+
+
+def describe_gateway(state: GatewayView, pool: WorkerPool, ident: str) -> dict:
     return {"id": ident, "address": address(state.config), "pid": os.getpid(),
             "started_at": state.started_at, "heartbeat": time.time(),
             "draining": state.draining, "queue": len(state.queue),

@@ -19,10 +19,27 @@ import asyncio
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Protocol
 
 from contract.frames import TOKEN_ENV
 from gateway.workers.handle import WorkerHandle, supervise
 from gateway.workers.remote_handle import RemoteWorkerHandle, parse_worker_url
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
+    from gateway.serving.dispatch import Dispatcher
+    from gateway.telemetry.metrics import GatewayMetrics
+
+
+class PoolView(Protocol):
+    """What the pool reads and changes of the gateway (its state): the very worker list the
+    dispatcher places jobs from, the dispatcher, the settings, the metrics, the stop event."""
+
+    workers: list[WorkerHandle]
+    dispatcher: Dispatcher | None
+    config: GatewayConfig
+    metrics: GatewayMetrics | None
+    stop: asyncio.Event
 
 log = logging.getLogger(__name__)
 DRAIN_TIMEOUT_SECONDS = 300.0  # then what still runs is aborted and billed as produced
@@ -38,8 +55,8 @@ class PoolError(Exception):
 
 
 class WorkerPool:
-    def __init__(self, state, drain_timeout: float = DRAIN_TIMEOUT_SECONDS):
-        self.state = state  # GatewayState: workers, dispatcher, config, metrics, stop
+    def __init__(self, state: PoolView, drain_timeout: float = DRAIN_TIMEOUT_SECONDS):
+        self.state = state
         self.drain_timeout = drain_timeout
         self.next_index = max((w.index for w in state.workers), default=-1) + 1
         self.drains: dict[int, asyncio.Task] = {}
