@@ -16,7 +16,10 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.serving.inflight import InFlightRequest
 
 RANK_TTL = 0.2  # seconds a ranking of the line serves position queries
 
@@ -31,7 +34,7 @@ class QueueFull(Exception):
 class QueueEntry:
     request_id: str
     priority: int
-    payload: Any  # what waits: the dispatcher queues in-flight requests
+    payload: InFlightRequest  # what waits
     arrival: float = field(default_factory=time.monotonic)
     virtual_start: float | None = None  # fair-share start time; None: the arrival
     key: float = 0.0
