@@ -19,6 +19,7 @@ from gateway.http.error_middleware import error_middleware
 from gateway.http.routes import add_routes
 from gateway.serving.accounting import Accounting
 from gateway.serving.dispatch import Dispatcher
+from gateway.serving.inflight import InFlightTable
 from gateway.serving.queue import RequestQueue
 from gateway.serving.response_store import ResponseStore
 from gateway.serving.service import GenerationService
@@ -26,7 +27,6 @@ from gateway.state import STATE, GatewayState
 from gateway.telemetry.feed import FeedHub
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.otlp_metrics import push_loop
-from gateway.telemetry.snapshot import SnapshotBuilder
 from gateway.telemetry.spans import Telemetry
 from gateway.workers.handle import WorkerEvents, WorkerHandle, supervise
 from gateway.workers.ray_handle import RayWorkerHandle
@@ -43,35 +43,26 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
     if not config.keys_file:  # every caller is admin: keep web pages and rebound names out
         middlewares.append(browser_guard(check_host=config.is_loopback()))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
-    state = GatewayState(config)
-    state.served_names = config.served_names()
-    state.model_name = state.served_names[0]
-    state.queue = RequestQueue(config.max_queue, config.aging_seconds)
-    events = GatewayWorkerEvents(app, state)
+    served_names = config.served_names()
+    queue, inflight = RequestQueue(config.max_queue, config.aging_seconds), InFlightTable()
     if config.ray_address:
         _connect_ray(config)
-    if config.pd_split():
-        _create_pd_workers(app, state, config, events)
-    else:
-        state.workers = [_worker(config, i, config.worker_argv(), events)
-                         for i in range(config.workers)]
-        state.workers += _remote_workers(config, events, len(state.workers))
-        state.dispatcher = Dispatcher(state.workers, state.queue, state.inflight,
-                                      config.affinity_margin)
-    state.keys = KeyStore.from_toml(config.keys_file, state.served_names) \
-        if config.keys_file else None
-    state.accounting = Accounting(
-        state.inflight, PriceBook.load(config.prices),
+    workers, dispatcher = _create_workers(app, config, queue, inflight, GatewayWorkerEvents(app))
+    accounting = Accounting(
+        inflight, PriceBook.load(config.prices),
         budget_store(config.resolved_ledger_path(), config.state_url),
         limit_store(config.fair_share_tokens_per_second, config.redis_url))
-    state.feed = FeedHub()
-    state.response_store = ResponseStore(config.responses_store_seconds, config.responses_store_max)
-    state.snapshots = SnapshotBuilder(state)
-    state.accounting.subscribe(state.snapshots.on_settled)
-    if config.telemetry:
-        state.telemetry = Telemetry(otlp_endpoint=config.otlp_endpoint,
-                                    in_memory=in_memory_spans, publish=state.feed.add_span)
-        state.accounting.subscribe(state.telemetry.request_finished)
+    feed = FeedHub()
+    telemetry = Telemetry(otlp_endpoint=config.otlp_endpoint, in_memory=in_memory_spans,
+                          publish=feed.add_span) if config.telemetry else None
+    state = GatewayState(
+        config, workers, queue, inflight, dispatcher, accounting, feed,
+        ResponseStore(config.responses_store_seconds, config.responses_store_max), served_names,
+        keys=KeyStore.from_toml(config.keys_file, served_names) if config.keys_file else None,
+        telemetry=telemetry)
+    accounting.subscribe(state.snapshots.on_settled)
+    if telemetry is not None:
+        accounting.subscribe(telemetry.request_finished)
     app[STATE] = state
     if config.reuse_port:  # a fleet child: say which of them answered (tests, operators)
         app.on_response_prepare.append(_tag_instance)
@@ -83,8 +74,12 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
 class GatewayWorkerEvents(WorkerEvents):
     """What every worker handle reports, and where it goes in the gateway."""
 
-    def __init__(self, app: web.Application, state: GatewayState):
-        self.app, self.state = app, state
+    def __init__(self, app: web.Application):
+        self.app = app
+
+    @property
+    def state(self) -> GatewayState:
+        return self.app[STATE]  # set before any worker starts, so before any event
 
     def ready(self, worker: WorkerHandle) -> None:
         _on_worker_ready(self.app, self.state, worker)
@@ -122,8 +117,20 @@ async def _tag_instance(request: web.Request, response: web.StreamResponse) -> N
     response.headers["x-gateway-instance"] = _INSTANCE
 
 
-def _create_pd_workers(app: web.Application, state: GatewayState, config: GatewayConfig,
-                       events: WorkerEvents) -> None:
+def _create_workers(app: web.Application, config: GatewayConfig, queue: RequestQueue,
+                    inflight: InFlightTable, events: WorkerEvents
+                    ) -> tuple[list[WorkerHandle], Dispatcher]:
+    """The worker handles (started later) and the dispatcher placing jobs on them."""
+    if config.pd_split():
+        return _create_pd_workers(app, config, queue, inflight, events)
+    workers = [_worker(config, i, config.worker_argv(), events) for i in range(config.workers)]
+    workers += _remote_workers(config, events, len(workers))
+    return workers, Dispatcher(workers, queue, inflight, config.affinity_margin)
+
+
+def _create_pd_workers(app: web.Application, config: GatewayConfig, queue: RequestQueue,
+                       inflight: InFlightTable, events: WorkerEvents
+                       ) -> tuple[list[WorkerHandle], Dispatcher]:
     """P prefill then D decode workers, joined for KV transfers by a TCPStore served here
     on loopback only (or on a Ray node), their groups keyed by a secret made at each start."""
     from runtime.transport.kv_rendezvous import SECRET_ENV, SECRET_FLAG, new_secret, serve_store
@@ -139,10 +146,10 @@ def _create_pd_workers(app: web.Application, state: GatewayState, config: Gatewa
         address = f"127.0.0.1:{store.port}"
         extra, env = [], {SECRET_ENV: secret}  # in the environment, not on a command line
     argv = config.worker_argv() + ["--kv-store", address]
-    state.workers = [_worker(config, i, argv + extra, events, env)
-                     for i in range(num_prefill + num_decode)]
-    state.dispatcher = Dispatcher(state.workers[:num_prefill], state.queue, state.inflight,
-                                  config.affinity_margin, state.workers[num_prefill:])
+    workers = [_worker(config, i, argv + extra, events, env)
+               for i in range(num_prefill + num_decode)]
+    return workers, Dispatcher(workers[:num_prefill], queue, inflight, config.affinity_margin,
+                               workers[num_prefill:])
 
 
 def _worker(config: GatewayConfig, index: int, argv: list[str], events: WorkerEvents,

@@ -25,23 +25,27 @@ from gateway.workers.handle import WorkerHandle
 
 @dataclass
 class GatewayState:
+    """The parts built at start (all of them: none is filled in later), what the first ready
+    worker tells (the service, the metrics, the model's facts), and the lifecycle flags."""
+
     config: GatewayConfig
-    workers: list[WorkerHandle] = field(default_factory=list)
-    queue: RequestQueue | None = None
-    inflight: InFlightTable = field(default_factory=InFlightTable)  # every request in flight
-    dispatcher: Dispatcher | None = None
+    workers: list[WorkerHandle]  # the very list the dispatcher places jobs from
+    queue: RequestQueue
+    inflight: InFlightTable  # every request in flight
+    dispatcher: Dispatcher
+    accounting: Accounting
+    feed: FeedHub
+    response_store: ResponseStore  # /v1/responses kept for previous_response_id
+    served_names: tuple[str, ...]  # every name clients may ask for (--served-model-name)
+    keys: KeyStore | None = None  # None: single-tenant development mode; SIGHUP swaps it
+    telemetry: Telemetry | None = None  # when enabled
+    # from the first worker ready: until then requests get 503 (require_service)
     service: GenerationService | None = None
     metrics: GatewayMetrics | None = None
-    keys: KeyStore | None = None  # None: single-tenant development mode
-    accounting: Accounting | None = None
-    telemetry: Telemetry | None = None  # when enabled
-    feed: FeedHub | None = None
-    snapshots: SnapshotBuilder | None = None
-    response_store: ResponseStore | None = None  # /v1/responses kept for previous_response_id
-    model_name: str = "unknown"  # the name reported: the first of served_names
-    served_names: tuple[str, ...] = ()  # every name clients may ask for (--served-model-name)
     model_root: str = "unknown"  # what the worker loaded (its file's name)
     sampling_defaults: dict = field(default_factory=dict)  # for fields a request omits
+    model_name: str = field(init=False)  # the name reported: the first of served_names
+    snapshots: SnapshotBuilder = field(init=False)  # the live feed's gauges, read from here
     started_at: float = field(default_factory=time.time)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     open_responses: set = field(default_factory=set)  # streams to close on shutdown
@@ -50,6 +54,8 @@ class GatewayState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is active
 
     def __post_init__(self) -> None:
+        self.model_name = self.served_names[0]
+        self.snapshots = SnapshotBuilder(self)
         self.idle.set()
 
     def request_started(self) -> None:

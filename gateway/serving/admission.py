@@ -23,9 +23,9 @@ class AdmissionView(Protocol):
 
     served_names: tuple[str, ...]
     model_name: str
-    accounting: Accounting | None
+    accounting: Accounting
     service: GenerationService | None
-    queue: RequestQueue | None
+    queue: RequestQueue
 
 SHARED_CACHE_SALT = "shared-namespace"  # the opt-in public prefix-cache namespace
 

@@ -56,7 +56,7 @@ class GatewayView(Protocol):
     config: GatewayConfig
     started_at: float
     draining: bool
-    queue: RequestQueue | None
+    queue: RequestQueue
     workers: list[WorkerHandle]
 
 

@@ -36,7 +36,7 @@ class PoolView(Protocol):
     dispatcher places jobs from, the dispatcher, the settings, the metrics, the stop event."""
 
     workers: list[WorkerHandle]
-    dispatcher: Dispatcher | None
+    dispatcher: Dispatcher
     config: GatewayConfig
     metrics: GatewayMetrics | None
     stop: asyncio.Event

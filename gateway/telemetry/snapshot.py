@@ -22,9 +22,9 @@ class FleetView(Protocol):
     started_at: float
     model_name: str
     workers: list[WorkerHandle]
-    dispatcher: Dispatcher | None
-    queue: RequestQueue | None
-    accounting: Accounting | None
+    dispatcher: Dispatcher
+    queue: RequestQueue
+    accounting: Accounting
 
 
 class SnapshotBuilder:

@@ -118,16 +118,17 @@ def test_gateway_store_on_loopback_and_secret_only_in_worker_env():
 
     from gateway.app import KV_STORE, GatewayWorkerEvents, _create_pd_workers
     from gateway.config import GatewayConfig
+    from gateway.serving.inflight import InFlightTable
     from gateway.serving.queue import RequestQueue
-    from gateway.state import GatewayState
     secrets_seen = set()
     for _ in range(2):
         config = GatewayConfig(pd="1:1")
-        app, state = web.Application(), GatewayState(config)
-        state.queue = RequestQueue(config.max_queue, config.aging_seconds)
-        _create_pd_workers(app, state, config, GatewayWorkerEvents(app, state))
+        app = web.Application()
+        workers, _ = _create_pd_workers(app, config, RequestQueue(config.max_queue,
+                                                                  config.aging_seconds),
+                                        InFlightTable(), GatewayWorkerEvents(app))
         assert listening_addresses(app[KV_STORE].port) == {"127.0.0.1"}
-        for w in state.workers:
+        for w in workers:
             secret = w.env[SECRET_ENV]
             assert len(secret) == 32 and all(secret not in arg for arg in w.argv)
             secrets_seen.add(secret)
