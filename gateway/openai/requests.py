@@ -1,9 +1,10 @@
 """Parse and validate OpenAI request bodies (chat and legacy completions) into one frozen request.
 
-Input is the already-decoded JSON body. Anything wrong is an `APIError` (400) whose `param` names
-the offending field, as OpenAI does. Unknown fields are ignored, except a few whose silent
-omission would change the answer (functions, logit_bias, ...): those are refused, not ignored.
-Structured outputs are read by `gateway.openai.structured_api`, tools by `gateway.openai.tools`.
+Input is the already-decoded JSON body, validated by the bodies declared in
+`gateway.openai.schema.chat` (the one declaration the OpenAPI document is generated from too).
+Anything wrong is an `APIError` (400) whose `param` names the offending field, as OpenAI does.
+Unknown fields are ignored, except a few whose silent omission would change the answer
+(functions, logit_bias, ...): those are refused, not ignored.
 
 The response shapes live in `gateway.openai.responses` and are re-exported here, so that callers
 import the whole OpenAI surface from one module.
@@ -16,27 +17,8 @@ from types import MappingProxyType
 from typing import Any
 
 from contract.errors import InvalidRequestError
-from contract.sampling_params import (
-    MAX_SEED,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    MAX_TOP_LOGPROBS,
-    MIN_SEED,
-    SamplingParams,
-    check_sampling_fields,
-)
-from gateway.errors import APIError, bad_request, from_runtime_error
-from gateway.openai.json_fields import (
-    check_length,
-    is_int,
-    read_bool,
-    read_int,
-    read_int_list,
-    read_number,
-    read_object,
-    read_str,
-    read_str_list,
-)
+from contract.sampling_params import SamplingParams, check_sampling_fields
+from gateway.errors import APIError, from_runtime_error
 from gateway.openai.responses import (  # noqa: F401
     ChoiceResult,
     LogprobToken,
@@ -51,23 +33,25 @@ from gateway.openai.responses import (  # noqa: F401
     new_id,
     usage_dict,
 )
+from gateway.openai.schema import read
+from gateway.openai.schema.chat import (  # noqa: F401  (the caps, re-exported)
+    MAX_CONTENT_PARTS,
+    MAX_MESSAGES,
+    MAX_N,
+    MAX_PRIORITY,
+    MAX_TEMPERATURE,
+    MIN_PRIORITY,
+    ROLES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    generation_fields,
+)
 from gateway.openai.stream_chunker import StreamChunker  # noqa: F401
-from gateway.openai.structured_api import read_structured
-from gateway.openai.tools import ToolSpec, read_message_tool_calls, read_tool_call_id, read_tools
+from gateway.openai.tools import ToolSpec
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_N = 8
-MIN_PRIORITY, MAX_PRIORITY = -1000, 1000
-MAX_TEMPERATURE = 2.0
-# caps on the arrays a client sends, so that no body makes work beyond its size: even an
-# empty message renders to a few tokens, so more than this cannot fit any context we serve
-MAX_MESSAGES = 2048
-MAX_CONTENT_PARTS = 64
 # sampling values for the fields a request omits: field name -> value (the model's defaults)
 Defaults = Mapping[str, float | int]
 NO_DEFAULTS: Defaults = MappingProxyType({})  # OpenAI's own: temperature 1 and nothing else
-# fields that change what the model must produce; ignoring them would return a wrong answer
-UNSUPPORTED = ("functions", "logit_bias", "suffix")
 
 
 @dataclass(frozen=True)
@@ -119,184 +103,22 @@ def parse_request(kind: str, body: Any, defaults: Defaults = NO_DEFAULTS) -> Gen
 
 
 def parse_chat_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
-    body = _require_object(body)
-    messages = _read_messages(body)
-    # max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's API
-    max_tokens = read_int(body, "max_tokens", None, lo=1)
-    max_tokens = read_int(body, "max_completion_tokens", max_tokens, lo=1)
-    logprobs = read_bool(body, "logprobs", False)
-    top_logprobs = read_int(body, "top_logprobs", 0, lo=0, hi=MAX_TOP_LOGPROBS)
-    if top_logprobs and not logprobs:
-        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    return _build(body, "chat", max_tokens, logprobs, top_logprobs, defaults, messages=messages)
+    return _generation(read(ChatCompletionRequest, body), defaults)
 
 
 def parse_completion_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
-    body = _require_object(body)
-    prompt = _read_prompt(body)
-    max_tokens = read_int(body, "max_tokens", None, lo=1)
-    # here logprobs is an integer: the sampled token's logprob plus that many alternatives
-    top_logprobs = read_int(body, "logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS)
-    echo = read_bool(body, "echo", False)
-    return _build(body, "completion", max_tokens, top_logprobs is not None, top_logprobs or 0,
-                  defaults, prompt=prompt, echo=echo)
+    return _generation(read(CompletionRequest, body), defaults)
 
 
-def _build(body: dict, kind: str, max_tokens: int | None, logprobs: bool, top_logprobs: int,
-           defaults: Defaults, **fields) -> GenerationRequest:
-    """The fields both endpoints share, then the runtime's own validation of the sampling ones."""
-    _reject_unsupported(body, kind)
-    tools = read_tools(body) if kind == "chat" else None
-    structured = _constraint(body, tools)
-    stream = read_bool(body, "stream", False)
-    stream_options = read_object(body, "stream_options")
-    if stream_options and not stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    if stream and body.get("prompt_logprobs") is not None:  # as vLLM: they come in one piece
-        raise bad_request("prompt_logprobs are not available when stream is true",
-                          "prompt_logprobs")
-    sampling = _sampling_fields(body, logprobs, top_logprobs, defaults, structured)
-    return GenerationRequest(
-        kind=kind, model=read_str(body, "model", None), max_tokens=max_tokens, sampling=sampling,
-        messages=fields.get("messages"), prompt=fields.get("prompt"),
-        n=read_int(body, "n", 1, lo=1, hi=MAX_N), stream=stream,
-        include_usage=read_bool(stream_options, "include_usage", False,
-                                param="stream_options.include_usage"),
-        priority=read_int(body, "priority", 0, lo=MIN_PRIORITY, hi=MAX_PRIORITY),
-        user=read_str(body, "user", None), echo=fields.get("echo", False),
-        structured=structured, tools=tools)
-
-
-def _constraint(body: dict, tools: ToolSpec | None) -> dict | None:
-    """The one output constraint: the body's own, or the call a tool_choice forces."""
-    structured = read_structured(body)
-    if tools is not None and tools.choice != "none" and structured is not None:
-        # a constraint on the whole output leaves no room for a call, and a forced call none
-        # for the format: refused rather than one silently winning
-        param = structured["param"].split(".")[0]
-        raise bad_request(f"{param} cannot be combined with tools unless tool_choice is "
-                          "\"none\"", param)
-    if tools is not None and tools.constrained:
-        structured = tools.constraint()
-    return structured
-
-
-def _sampling_fields(body: dict, logprobs: bool, top_logprobs: int, defaults: Defaults,
-                     structured: dict | None = None) -> Mapping[str, Any]:
-    # types and our own bounds here; check_sampling_fields the rest, naming the same params
-    def default(name: str, openai: float) -> Any:
-        return defaults.get(name, openai)
-
-    kwargs: dict[str, Any] = dict(
-        temperature=read_number(body, "temperature", default("temperature", 1.0), lo=0.0,
-                                hi=MAX_TEMPERATURE),
-        top_p=read_number(body, "top_p", default("top_p", 1.0)),
-        top_k=read_int(body, "top_k", default("top_k", 0)),
-        min_p=read_number(body, "min_p", default("min_p", 0.0)),
-        seed=read_int(body, "seed", None, lo=MIN_SEED, hi=MAX_SEED),
-        presence_penalty=read_number(body, "presence_penalty", 0.0),
-        frequency_penalty=read_number(body, "frequency_penalty", 0.0),
-        repetition_penalty=read_number(body, "repetition_penalty",
-                                       default("repetition_penalty", 1.0)),
-        stop=read_str_list(body, "stop", MAX_STOP_STRINGS),
-        stop_token_ids=read_int_list(body, "stop_token_ids", MAX_STOP_TOKEN_IDS),
-        ignore_eos=read_bool(body, "ignore_eos", False),
-        logprobs=logprobs, top_logprobs=top_logprobs,
-        prompt_logprobs=read_int(body, "prompt_logprobs", None, lo=0, hi=MAX_TOP_LOGPROBS),
-        structured=structured)
+def _generation(req: ChatCompletionRequest | CompletionRequest,
+                defaults: Defaults) -> GenerationRequest:
+    """The validated body's request, after the runtime's own check of its sampling fields."""
+    fields = generation_fields(req, defaults)
     try:
-        check_sampling_fields(kwargs)
+        check_sampling_fields(fields["sampling"])
     except InvalidRequestError as exc:
         raise from_runtime_error(exc) from None
-    return MappingProxyType(kwargs)
-
-
-def _require_object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    return body
-
-
-def _reject_unsupported(body: dict, kind: str) -> None:
-    for name in UNSUPPORTED:
-        if body.get(name):  # absent, null, empty: harmless
-            raise bad_request(f"{name} is not supported by this server", name)
-    if kind != "chat" and body.get("tools"):  # no messages here to carry calls and results
-        raise bad_request("tools are only supported on /v1/chat/completions", "tools")
-    if body.get("best_of") not in (None, 1):
-        raise bad_request("best_of is not supported by this server; use n", "best_of")
-
-
-# chat messages
-
-def _read_messages(body: dict) -> tuple[dict, ...]:
-    messages = body.get("messages")
-    if messages is None:
-        raise bad_request("messages is required", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty array", "messages")
-    check_length("messages", messages, MAX_MESSAGES)
-    return tuple(_read_message(m, f"messages[{i}]") for i, m in enumerate(messages))
-
-
-def _read_message(message: Any, where: str) -> dict:
-    if not isinstance(message, dict):
-        raise bad_request(f"{where} must be an object", where)
-    role = message.get("role")
-    if role not in ROLES:
-        raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r:.40}",
-                          f"{where}.role")
-    out = {"role": role, "content": _read_content(message.get("content"), role,
-                                                  f"{where}.content")}
-    if role == "assistant" and message.get("tool_calls"):
-        out["tool_calls"] = read_message_tool_calls(message, where)
-    if role == "tool":
-        out["tool_call_id"] = read_tool_call_id(message, where)
-    return out
-
-
-def _read_content(content: Any, role: str, where: str) -> str:
-    if content is None and role == "assistant":
-        return ""  # an assistant turn that only called tools carries no text
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        check_length(where, content, MAX_CONTENT_PARTS)
-        # separate parts read as separate paragraphs, as other OpenAI-compatible servers do
-        return "\n".join(_read_part(p, f"{where}[{j}]") for j, p in enumerate(content))
-    raise bad_request(f"{where} must be a string or an array of text parts", where)
-
-
-def _read_part(part: Any, where: str) -> str:
-    if not isinstance(part, dict):
-        raise bad_request(f"{where} must be an object", where)
-    if part.get("type") != "text":
-        raise bad_request(f"{where}.type must be \"text\"; other content is not supported, "
-                          f"got {part.get('type')!r:.40}", f"{where}.type")
-    text = part.get("text")
-    if not isinstance(text, str):
-        raise bad_request(f"{where}.text must be a string", f"{where}.text")
-    return text
-
-
-# completion prompt
-
-def _read_prompt(body: dict) -> str | tuple[int, ...]:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise bad_request("prompt is required", "prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one prompt is just that prompt
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
-        return tuple(prompt)
-    if isinstance(prompt, list) and len(prompt) > 1 and all(
-            isinstance(p, (str, list)) for p in prompt):
-        raise bad_request("several prompts in one request are not supported; "
-                          "send one request per prompt", "prompt")
-    raise bad_request("prompt must be a string or a non-empty array of token ids (integers >= 0)",
-                      "prompt")
+    return GenerationRequest(**{**fields, "sampling": MappingProxyType(fields["sampling"])})
 
 
 __all__ = ["APIError", "GenerationRequest", "parse_request", "parse_chat_request",

@@ -13,6 +13,11 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.openai.schema.answers import (
+    ChatLogprobs,
+    CompletionLogprobs,
+)
+
 # JSON has no -inf; OpenAI reports an impossible token with this floor instead
 MIN_LOGPROB = -9999.0
 
@@ -81,7 +86,7 @@ def new_id(kind: str) -> str:
 def usage_dict(prompt_tokens: int, cached_tokens: int, completion_tokens: int,
                extra: dict | None = None) -> dict:
     """OpenAI's usage object; `extra` keys (e.g. cost) are merged in at the top level."""
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
              "total_tokens": prompt_tokens + completion_tokens,
              "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     if extra:
@@ -100,7 +105,7 @@ def _bytes(text: str, raw: bytes | None = None) -> list[int]:
     return list(raw if raw is not None else text.encode("utf-8", "surrogatepass"))
 
 
-def chat_logprobs(tokens: Sequence[LogprobToken]) -> dict:
+def chat_logprobs(tokens: Sequence[LogprobToken]) -> ChatLogprobs:
     """Chat shape: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}."""
     return {"content": [
         {"token": t.text, "logprob": _finite(t.logprob), "bytes": _bytes(t.text, t.raw),
@@ -109,7 +114,8 @@ def chat_logprobs(tokens: Sequence[LogprobToken]) -> dict:
         for t in tokens]}
 
 
-def completion_logprobs(tokens: Sequence[LogprobToken], text_offset: int = 0) -> dict:
+def completion_logprobs(tokens: Sequence[LogprobToken],
+                        text_offset: int = 0) -> CompletionLogprobs:
     """Legacy completions shape: parallel lists, alternatives as {text: logprob} dicts.
 
     `text_offset` is the character offset of the first token in the choice's text.
@@ -135,7 +141,7 @@ def _top_dict(top: Sequence[tuple[str, float]]) -> dict[str, float]:
 # stream chunks
 
 def chat_chunk(id: str, model: str, created: int, index: int, delta: dict,
-               finish_reason: str | None, logprobs: dict | None = None,
+               finish_reason: str | None, logprobs: ChatLogprobs | None = None,
                usage: dict | None = None) -> dict:
     chunk = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
              "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
@@ -146,7 +152,7 @@ def chat_chunk(id: str, model: str, created: int, index: int, delta: dict,
 
 
 def completion_chunk(id: str, model: str, created: int, index: int, text: str,
-                     finish_reason: str | None, logprobs: dict | None = None,
+                     finish_reason: str | None, logprobs: CompletionLogprobs | None = None,
                      usage: dict | None = None) -> dict:
     chunk = {"id": id, "object": "text_completion", "created": created, "model": model,
              "choices": [{"index": index, "text": text, "logprobs": logprobs,

@@ -23,6 +23,7 @@ from gateway.openai.responses import (
     completion_logprobs,
     completion_usage_chunk,
 )
+from gateway.openai.schema.answers import ChatLogprobs, CompletionLogprobs
 from gateway.openai.tool_stream import finish_reason, reader_for
 from gateway.openai.tools import ToolSpec
 
@@ -101,10 +102,10 @@ class StreamChunker:
         offset = self._chars_sent.get(index, 0)
         self._chars_sent[index] = offset + len(text)
         if self.kind == "chat":
-            formatted = None if logprobs is None else chat_logprobs(logprobs)
-            return self._chunk(index, {"content": text}, None, formatted)
-        formatted = None if logprobs is None else completion_logprobs(logprobs, offset)
-        return self._chunk(index, text, None, formatted)
+            chat = None if logprobs is None else chat_logprobs(logprobs)
+            return self._chunk(index, {"content": text}, None, chat)
+        legacy = None if logprobs is None else completion_logprobs(logprobs, offset)
+        return self._chunk(index, text, None, legacy)
 
     def finish(self, index: int, finish_reason: str) -> dict:
         """The chunk that ends choice `index`: no new text, just why it stopped."""
@@ -117,9 +118,15 @@ class StreamChunker:
         build = chat_usage_chunk if self.kind == "chat" else completion_usage_chunk
         return [build(self.id, self.model, self.created, usage)]
 
-    def _chunk(self, index: int, delta, finish_reason, logprobs: dict | None = None) -> dict:
-        build = chat_chunk if self.kind == "chat" else completion_chunk
-        chunk = build(self.id, self.model, self.created, index, delta, finish_reason, logprobs)
+    def _chunk(self, index: int, delta, finish_reason,
+               logprobs: ChatLogprobs | CompletionLogprobs | None = None) -> dict:
+        if self.kind == "chat":
+            return self._marked(chat_chunk(self.id, self.model, self.created, index, delta,
+                                           finish_reason, logprobs))  # type: ignore[arg-type]
+        return self._marked(completion_chunk(self.id, self.model, self.created, index, delta,
+                                             finish_reason, logprobs))  # type: ignore[arg-type]
+
+    def _marked(self, chunk: dict) -> dict:
         if self.include_usage:
             chunk["usage"] = None  # OpenAI marks every chunk but the last this way
         return chunk

@@ -166,14 +166,20 @@ def check_schema(schema: Any, param: str) -> None:
     """A 400 naming `param` unless `schema` is a JSON Schema (Draft 2020-12) the engine can
     enforce: an object, within the caps, meta-schema valid, no unsupported keyword, no `$ref`
     that resolves to nothing inside the document (nothing is ever fetched)."""
+    why = schema_problem(schema)
+    if why is not None:
+        raise bad_request(f"{param} {why}", param)
+
+
+def schema_problem(schema: Any) -> str | None:
+    """What is wrong with `schema` (to follow its param in a message), or None."""
     if not isinstance(schema, dict):
-        raise bad_request(f"{param} must be a JSON Schema object", param)
+        return "must be a JSON Schema object"
     raw = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
     if len(raw) > MAX_SCHEMA_BYTES:
-        raise bad_request(f"{param} is {len(raw)} bytes of JSON; at most {MAX_SCHEMA_BYTES} "
-                          "are allowed", param)
+        return f"is {len(raw)} bytes of JSON; at most {MAX_SCHEMA_BYTES} are allowed"
     if _depth(schema) > MAX_SCHEMA_DEPTH:
-        raise bad_request(f"{param} nests deeper than {MAX_SCHEMA_DEPTH} levels", param)
+        return f"nests deeper than {MAX_SCHEMA_DEPTH} levels"
     digest = hashlib.sha256(raw).digest()
     if digest not in _VERDICTS:
         _VERDICTS[digest] = _verdict(schema)
@@ -181,9 +187,10 @@ def check_schema(schema: Any, param: str) -> None:
             _VERDICTS.popitem(last=False)
     _VERDICTS.move_to_end(digest)
     verdict = _VERDICTS[digest]
-    if verdict is not None:
-        why, where = verdict
-        raise bad_request(f"{param} {why}" + (f" (at {where})" if where else ""), param)
+    if verdict is None:
+        return None
+    why, where = verdict
+    return why + (f" (at {where})" if where else "")
 
 
 def _verdict(schema: dict) -> tuple[str, str] | None:
@@ -252,6 +259,6 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-__all__ = ["read_structured", "check_schema", "walk", "MAX_SCHEMA_BYTES",
+__all__ = ["read_structured", "check_schema", "schema_problem", "walk", "MAX_SCHEMA_BYTES",
            "MAX_SCHEMA_DEPTH", "MAX_REGEX_CHARS", "MAX_GRAMMAR_BYTES", "MAX_CHOICES",
            "MAX_CHOICE_CHARS", "UNSUPPORTED_KEYWORDS", "NAME_PATTERN"]

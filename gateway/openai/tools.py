@@ -22,7 +22,7 @@ import orjson
 
 from gateway.errors import bad_request
 from gateway.openai.json_fields import check_length, read_bool
-from gateway.openai.structured_api import NAME_PATTERN, check_schema, walk
+from gateway.openai.structured_api import NAME_PATTERN, schema_problem, walk
 
 MAX_TOOLS = 128
 MAX_TOOL_SCHEMA_BYTES = 64 * 1024  # all tools' parameters together, as compact JSON
@@ -128,6 +128,13 @@ def read_tools(body: dict) -> ToolSpec | None:
         raise bad_request("tools must be an array of function tools", "tools")
     check_length("tools", tools or [], MAX_TOOLS)
     functions = tuple(_read_tool(t, f"tools[{i}]") for i, t in enumerate(tools or []))
+    return tool_spec(functions, body.get("tool_choice"), parallel)
+
+
+def tool_spec(functions: tuple[Function, ...], tool_choice: Any,
+              parallel: bool) -> ToolSpec | None:
+    """The checks across tools (distinct names, their schemas' total size, a tool_choice
+    among them) over functions each already valid; None when no tools are given."""
     names = [f.name for f in functions]
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -137,7 +144,7 @@ def read_tools(body: dict) -> ToolSpec | None:
     if size > MAX_TOOL_SCHEMA_BYTES:
         raise bad_request(f"the tools' parameters are {size} bytes of JSON; at most "
                           f"{MAX_TOOL_SCHEMA_BYTES} are allowed", "tools")
-    choice, forced = _read_choice(body.get("tool_choice"), names)
+    choice, forced = _read_choice(tool_choice, names)
     if not functions:
         return None
     return ToolSpec(functions, choice, forced, parallel)
@@ -172,19 +179,31 @@ def _read_tool(tool: Any, where: str) -> Function:
 def _read_parameters(parameters: Any, where: str) -> dict:
     param = f"{where}.parameters"
     if parameters is None or parameters == {}:  # OpenAI's meaning, and the usual spelling
-        return {"type": "object", "properties": {}}  # of "no arguments"
+        return NO_ARGUMENTS_SCHEMA()  # of "no arguments"
+    why = parameters_problem(parameters)
+    if why is not None:
+        raise bad_request(f"{param} {why}", param)
+    return parameters
+
+
+def NO_ARGUMENTS_SCHEMA() -> dict:  # noqa: N802 - a fresh constant each time (callers own it)
+    return {"type": "object", "properties": {}}
+
+
+def parameters_problem(parameters: Any) -> str | None:
+    """What is wrong with a tool's `parameters` (to follow its param), or None."""
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
-        raise bad_request(f"{param} must be a JSON Schema of type object: arguments are "
-                          "always a JSON object", param)
-    check_schema(parameters, param)
+        return "must be a JSON Schema of type object: arguments are always a JSON object"
+    why = schema_problem(parameters)
+    if why is not None:
+        return why
     for pointer, sub, _ in walk(parameters):
         ref = sub.get("$ref")
         # a tool's schema is moved into a larger one: only references inside it can follow
         if "$id" in sub or (isinstance(ref, str) and not ref.startswith("#")):
-            raise bad_request(f"{param} uses $id or a $ref outside itself (at {pointer or '/'})"
-                              "; only references inside the schema ('#/...') are supported",
-                              param)
-    return parameters
+            return (f"uses $id or a $ref outside itself (at {pointer or '/'}); only "
+                    "references inside the schema ('#/...') are supported")
+    return None
 
 
 def _read_choice(value: Any, names: list[str]) -> tuple[str, str | None]:
