@@ -29,7 +29,7 @@ $(PEERS_STAMP): tests/loadtest/peer_requirements.txt
 	rm -f $(PEERS)/.installed-*
 	touch $(PEERS_STAMP)
 
-run: venv
+run: venv kernels
 	$(PY) -m gateway --host 127.0.0.1 --port 8000
 
 info: venv
@@ -43,15 +43,22 @@ services: venv
 	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.postgres install
 	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.redis install
 
-test: venv peers services
+test: venv peers services kernels
 	$(PY) -m pytest -q
 
 # the long reliability soak (3 minutes; RELIABILITY_SOAK_MINUTES=30 for the full one)
 soak: venv
 	RELIABILITY_SOAK=1 $(PY) -m pytest -q -s -m soak tests/reliability
 
-bench: venv
-	$(PY) bench/engine.py
+bench: venv kernels
+	$(PY) -m bench.engine
+
+# the C kernels for this CPU (AVX-512 and AVX2 variants where it has AVX-512) into the venv,
+# rebuilt only when their sources, compiler or flags change; without a compiler the torch
+# references run (kernels/cpu_build.py). -c, not -m: the package imports the module first
+.PHONY: kernels
+kernels: venv
+	$(PY) -c 'import sys, kernels.cpu_build as b; sys.exit(b.main())'
 
 clean:
 	rm -rf $(VENV) $(PEERS) .pytest_cache

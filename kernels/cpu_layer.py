@@ -14,29 +14,7 @@ import ctypes
 import torch
 
 from kernels import cpu_ops
-from kernels.cpu_build import load
-
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-
-
-class Matrix(ctypes.Structure):
-    _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I),
-                ("qs", _P), ("d16", _P), ("m16", _P), ("bits", _I), ("small_rows", _I),
-                ("dense", _P)]
-
-
-class LayerWeights(ctypes.Structure):
-    _fields_ = [("hidden", _I), ("heads", _I), ("kv_heads", _I), ("head_dim", _I),
-                ("inter", _I), ("eps", _F), ("attn_scale", _F), ("input_norm", _P),
-                ("post_norm", _P), ("qkv", Matrix), ("o_proj", Matrix),
-                ("gate_up", Matrix), ("down", Matrix)]
-
-
-class StepCache(ctypes.Structure):
-    _fields_ = [("cos", _P), ("sin", _P), ("k_cache", _P), ("v_cache", _P),
-                ("cache_slot", _I), ("cache_head", _I), ("slots", _P), ("tables", _P),
-                ("lens", _P), ("table_stride", _I), ("page", _I), ("kind", _I)]
-
+from kernels.cpu_api import LayerWeights, Matrix, StepCache  # mirrored from kernels/cpu/api.h
 
 # a block weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
 # (every decode-only step the default 64-sequence batch makes), op by op beyond
@@ -65,10 +43,8 @@ def _max_rows(linear) -> int:
 
 
 class FusedDecoder:
-    def __init__(self, layers, lib: ctypes.CDLL):
-        self._fn = lib.is_decode_layer
-        self._fn.argtypes = [_P, _P, _P, ctypes.c_int, _P, _I, _P, ctypes.c_int]
-        self._fn.restype = ctypes.c_int
+    def __init__(self, layers):
+        self._fn = cpu_ops.api().decode_layer
         self.weights = []
         rows = []
         for layer in layers:
@@ -99,7 +75,7 @@ class FusedDecoder:
                 return None
             if layer.num_heads % layer.num_kv_heads or layer.input_norm.device.type != "cpu":
                 return None
-        return cls(layers, load())
+        return cls(layers)
 
     def takes(self, meta, num_tokens: int, kv_caches) -> bool:
         k, v = kv_caches[0]

@@ -12,34 +12,10 @@ from typing import Any
 
 import torch
 
+from kernels.cpu_api import AttentionArgs, StoreKVArgs, bind
 from kernels.cpu_build import load
 
-_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_SIGNATURES = {
-    "is_int8_linear": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
-    "is_int8_linear_panels": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
-    "is_block_linear": ([_P, _I, _I, _P, _C, _P, _P, _P, _I, _I, _P, _I, _C], None),
-    "is_f32_linear": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _C], None),
-    "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
-    "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),
-    "is_rotary": ([_P, _I, _I, _I, _I, _I, _P, _P], None),
-    "is_store_kv": ([_P, _I, _I, _P, _I, _I, _P, _P, _C, _I, _I, _P, _I, _I, _I], None),
-    "is_decode_attention": ([_P, _I, _I, _P, _P, _C, _I, _I, _P, _I, _P, _I, _I, _I, _I, _I,
-                             _F, _P, _I, _I, _C], ctypes.c_int),
-    "is_prefill_attention": ([_P, _I, _I, _P, _P, _C, _I, _I, _P, _I, _P, _P, _I, _I, _I, _I,
-                              _I, _F, _P, _I, _I, _C], ctypes.c_int),
-}
-
-
-class _Lib:
-    def __init__(self, lib: ctypes.CDLL):
-        for name, (args, result) in _SIGNATURES.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, result
-            setattr(self, name[3:], fn)
-
-
-_lib: Any = None  # a _Lib once available() built it; every wrapper runs after that check
+_lib: Any = None  # the bound API once available() built it; every wrapper runs after that check
 
 
 def available() -> bool:
@@ -47,8 +23,13 @@ def available() -> bool:
     if _lib is None:
         raw = load()
         if raw is not None:
-            _lib = _Lib(raw)
+            _lib = bind(raw)
     return _lib is not None
+
+
+def api() -> Any:
+    """The typed functions (kernels/cpu_api.py), for the fused layer; after `available()`."""
+    return _lib
 
 
 def accepts(dtype: torch.dtype) -> bool:
@@ -184,10 +165,25 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     `CACHE_KINDS` dtype at slot_mapping (negative slots skipped), rounded as torch casts."""
     t, kvh, d = key.shape
     slot_mapping = slot_mapping.contiguous()
-    _lib.store_kv(key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
-                  value.stride(0), value.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-                  CACHE_KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1),
-                  slot_mapping.data_ptr(), t, kvh, d)
+    # by field name: a reordered struct in api.h cannot shift these into the wrong fields
+    args = StoreKVArgs(k=key.data_ptr(), v=value.data_ptr(), k_row=key.stride(0),
+                       k_head=key.stride(1), v_row=value.stride(0), v_head=value.stride(1),
+                       k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(),
+                       cache_slot=k_cache.stride(0), cache_head=k_cache.stride(1),
+                       kind=CACHE_KINDS[k_cache.dtype])
+    _lib.store_kv(ctypes.byref(args), slot_mapping.data_ptr(), t, kvh, d)
+
+
+def _attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    tables: torch.Tensor, block_size: int, scale: float,
+                    out: torch.Tensor) -> AttentionArgs:
+    """The C struct of q and out [rows, H, D], the caches [slots, KVH, D] and the tables."""
+    return AttentionArgs(
+        q=q.data_ptr(), q_row=q.stride(0), q_head=q.stride(1), k_cache=k_cache.data_ptr(),
+        v_cache=v_cache.data_ptr(), cache_slot=k_cache.stride(0), cache_head=k_cache.stride(1),
+        kind=CACHE_KINDS[k_cache.dtype], tables=tables.data_ptr(), table_stride=tables.stride(0),
+        page=block_size, heads=q.shape[1], kv_heads=k_cache.shape[1], head_dim=q.shape[2],
+        scale=scale, out=out.data_ptr(), out_row=out.stride(0), out_head=out.stride(1))
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -200,11 +196,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = torch.empty(b, h, d, dtype=torch.float32)
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     lens = context_lens.contiguous()
-    failed = _lib.decode_attention(
-        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        CACHE_KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1), tables.data_ptr(),
-        tables.stride(0), lens.data_ptr(), b, h, k_cache.shape[1], d, block_size, scale,
-        out.data_ptr(), out.stride(0), out.stride(1), torch.get_num_threads())
+    args = _attention_args(q, k_cache, v_cache, tables, block_size, scale, out)
+    failed = _lib.decode_attention(ctypes.byref(args), lens.data_ptr(), b,
+                                   torch.get_num_threads())
     if failed:
         raise MemoryError("decode attention could not allocate its score buffer")
     return out
@@ -223,12 +217,9 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     tables = block_tables.to(torch.int64).contiguous()
     starts = cu_seqlens_q.to(torch.int64).contiguous()
     prefix = num_prefix.to(torch.int64).contiguous()
-    failed = _lib.prefill_attention(
-        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
-        CACHE_KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1), tables.data_ptr(),
-        tables.stride(0), starts.data_ptr(), prefix.data_ptr(), tables.shape[0], h,
-        k_cache.shape[1], d, block_size, scale, out.data_ptr(), out.stride(0), out.stride(1),
-        torch.get_num_threads())
+    args = _attention_args(q, k_cache, v_cache, tables, block_size, scale, out)
+    failed = _lib.prefill_attention(ctypes.byref(args), starts.data_ptr(), prefix.data_ptr(),
+                                    tables.shape[0], torch.get_num_threads())
     if failed:
         raise MemoryError("prefill attention could not allocate its state")
     return out

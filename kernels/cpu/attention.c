@@ -314,36 +314,32 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
 #undef ATTEND
 }
 
-int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const void *kc,
-                         const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
-                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
-                         int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
-                         float *out, int64_t out_seq, int64_t out_head, int threads) {
-    const Cache c = {kc, vc, cache_slot, cache_head, page, kind};
-    const int64_t G = H / KVH;
+/* the cache a's strides describe, as attend_task reads it */
+static Cache cache_of(const AttentionArgs *a) {
+    const Cache c = {a->k_cache, a->v_cache, a->cache_slot, a->cache_head, a->page, (int)a->kind};
+    return c;
+}
+
+int decode_attention_for(const AttentionArgs *a, const int64_t *lens, int64_t B, int threads) {
+    const Cache c = cache_of(a);
+    const int64_t KVH = a->kv_heads, G = a->heads / KVH;
     /* whole sequences where there are enough to share out, else one KV head a task */
     const int64_t per = B >= 2 * threads ? KVH : 1, per_seq = KVH / per;
     int failed = 0; /* this thread's tasks; the enclosing region's reduction joins them */
 #pragma omp for schedule(dynamic)
     for (int64_t t = 0; t < B * per_seq; t++) {
         int64_t b = t / per_seq, h0 = t % per_seq * per;
-        failed |= attend_task(q + b * q_seq, 0, q_head, 1, lens[b] - 1, &c,
-                              tables + b * table_stride, h0, h0 + per, G, D, scale,
-                              out + b * out_seq, 0, out_head);
+        failed |= attend_task(a->q + b * a->q_row, 0, a->q_head, 1, lens[b] - 1, &c,
+                              a->tables + b * a->table_stride, h0, h0 + per, G, a->head_dim,
+                              a->scale, a->out + b * a->out_row, 0, a->out_head);
     }
     return failed;
 }
 
-int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const void *kc,
-                        const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
-                        const int64_t *tables, int64_t table_stride, const int64_t *lens,
-                        int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
-                        float *out, int64_t out_seq, int64_t out_head, int threads) {
+int is_decode_attention(const AttentionArgs *a, const int64_t *lens, int64_t B, int threads) {
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1) reduction(| : failed)
-    failed |= decode_attention_for(q, q_seq, q_head, kc, vc, kind, cache_slot, cache_head,
-                                   tables, table_stride, lens, B, H, KVH, D, page, scale, out,
-                                   out_seq, out_head, threads);
+    failed |= decode_attention_for(a, lens, B, threads);
     return failed;
 }
 
@@ -351,14 +347,10 @@ int is_decode_attention(const float *q, int64_t q_seq, int64_t q_head, const voi
  * (table row i); every row's K/V is already in the cache. Rows outside the chunks are left
  * alone. Tasks are TILE_ROWS rows of one KV head, the latest (longest) tiles handed out
  * first. */
-int is_prefill_attention(const float *q, int64_t q_row, int64_t q_head, const void *kc,
-                         const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
-                         const int64_t *tables, int64_t table_stride, const int64_t *starts,
-                         const int64_t *prefix, int64_t C, int64_t H, int64_t KVH, int64_t D,
-                         int64_t page, float scale, float *out, int64_t out_row,
-                         int64_t out_head, int threads) {
-    const Cache c = {kc, vc, cache_slot, cache_head, page, kind};
-    const int64_t G = H / KVH;
+int is_prefill_attention(const AttentionArgs *a, const int64_t *starts, const int64_t *prefix,
+                         int64_t C, int threads) {
+    const Cache c = cache_of(a);
+    const int64_t KVH = a->kv_heads, G = a->heads / KVH;
     int64_t *first_tile = malloc(sizeof(int64_t) * (size_t)(C + 1));
     if (!first_tile) return -1;
     first_tile[0] = 0;
@@ -374,9 +366,10 @@ int is_prefill_attention(const float *q, int64_t q_row, int64_t q_head, const vo
         while (first_tile[i + 1] <= tile) i++;
         int64_t r0 = starts[i] + (tile - first_tile[i]) * TILE_ROWS;
         int64_t rows = starts[i + 1] - r0 < TILE_ROWS ? starts[i + 1] - r0 : TILE_ROWS;
-        failed |= attend_task(q + r0 * q_row, q_row, q_head, rows, prefix[i] + r0 - starts[i],
-                              &c, tables + i * table_stride, h, h + 1, G, D, scale,
-                              out + r0 * out_row, out_row, out_head);
+        failed |= attend_task(a->q + r0 * a->q_row, a->q_row, a->q_head, rows,
+                              prefix[i] + r0 - starts[i], &c, a->tables + i * a->table_stride,
+                              h, h + 1, G, a->head_dim, a->scale, a->out + r0 * a->out_row,
+                              a->out_row, a->out_head);
     }
     free(first_tile);
     return failed;

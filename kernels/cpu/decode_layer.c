@@ -21,36 +21,7 @@
 #include "decode_ops.h"
 #include "simd.h"
 
-/* one projection in the forms it has: int8 (q, panels, scale; NULL: none), the file's own
- * blocks (qs, d16, m16, bits; block_ops.c) for steps of up to small_rows rows, and the float
- * weight */
-typedef struct {
-    const int8_t *q;
-    const int8_t *panels; /* the int8 weight in panels (decode_ops.c); NULL: rows only */
-    const float *scale;
-    const float *bias; /* NULL: none */
-    int64_t n, k;
-    const uint8_t *qs;
-    const uint16_t *d16, *m16;
-    int64_t bits, small_rows;
-    const float *dense; /* [n, k]: read only by a 4-bit weight's larger steps */
-} Matrix;
-
-typedef struct {
-    int64_t hidden, heads, kv_heads, head_dim, inter;
-    float eps, attn_scale;
-    const float *input_norm, *post_norm;
-    Matrix qkv, o_proj, gate_up, down;
-} LayerWeights;
-
-typedef struct {
-    const float *cos, *sin; /* [B, head_dim] */
-    void *k_cache, *v_cache;
-    int64_t cache_slot, cache_head; /* strides in elements */
-    const int64_t *slots, *tables, *lens;
-    int64_t table_stride, page;
-    int64_t kind; /* the caches' element type (simd.h) */
-} StepCache;
+/* Matrix, LayerWeights and StepCache: api.h (kernels/cpu_api.py mirrors them) */
 
 /* from this many rows the panel kernel runs: on the 2-core VMs the two tied from 8 to 32 rows
  * and the panels won by 1.27x at 64 (docs/perf.md); below, the row kernel, which prefetches
@@ -99,10 +70,13 @@ int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
                 put_kv((char *)c->v_cache + at, row + nq + nk + kh * D, D, (int)c->kind);
             }
         }
-        failed |= decode_attention_for(qkv, nqkv, D, c->k_cache, c->v_cache, (int)c->kind,
-                                       c->cache_slot, c->cache_head, c->tables, c->table_stride,
-                                       c->lens, B, L->heads, L->kv_heads, D, c->page,
-                                       L->attn_scale, attn, nq, D, threads);
+        const AttentionArgs att = {
+            .q = qkv, .q_row = nqkv, .q_head = D, .k_cache = c->k_cache, .v_cache = c->v_cache,
+            .cache_slot = c->cache_slot, .cache_head = c->cache_head, .kind = c->kind,
+            .tables = c->tables, .table_stride = c->table_stride, .page = c->page,
+            .heads = L->heads, .kv_heads = L->kv_heads, .head_dim = D, .scale = L->attn_scale,
+            .out = attn, .out_row = nq, .out_head = D};
+        failed |= decode_attention_for(&att, c->lens, B, threads);
         matmul_for(&L->o_proj, attn, B, x);
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < B; b++)

@@ -4,7 +4,7 @@
  * GEMV (about 6.5 GB/s of the 25 GB/s the machine reads) and another 11 ms in small ops that
  * each cost 20-70 us of dispatch for a few hundred floats (docs/perf.md). These functions do
  * the same arithmetic in one pass each, parallel over torch's own OpenMP pool (the library
- * links libgomp.so.1 by soname, so the process's copy, loaded by torch, is the one used).
+ * is linked against torch's libgomp with an rpath to it: kernels/cpu_build.py says why).
  *
  * Numerics: every reduction is float32 like torch's, in a different order, so results agree
  * with the references to float32 rounding, not bit for bit (tests/kernels/test_cpu_ops.py).
@@ -345,16 +345,16 @@ void is_rotary(float *x, int64_t T, int64_t H, int64_t D, int64_t stride_t, int6
 
 /* ---- store the step's new K/V rows: cache[slot[t], h, :] = new[t, h, :], converted to the
  * cache's element type `kind` (simd.h); a negative slot stores nothing ---- */
-void is_store_kv(const float *k, int64_t k_t, int64_t k_h, const float *v, int64_t v_t,
-                 int64_t v_h, void *kc, void *vc, int kind, int64_t cache_slot,
-                 int64_t cache_head, const int64_t *slots, int64_t T, int64_t KVH, int64_t D) {
+void is_store_kv(const StoreKVArgs *a, const int64_t *slots, int64_t T, int64_t KVH,
+                 int64_t D) {
+    const int kind = (int)a->kind;
     const int64_t size = kv_size(kind);
     for (int64_t t = 0; t < T; t++) {
         if (slots[t] < 0) continue;
         for (int64_t h = 0; h < KVH; h++) {
-            int64_t at = (slots[t] * cache_slot + h * cache_head) * size;
-            put_kv((char *)kc + at, k + t * k_t + h * k_h, D, kind);
-            put_kv((char *)vc + at, v + t * v_t + h * v_h, D, kind);
+            int64_t at = (slots[t] * a->cache_slot + h * a->cache_head) * size;
+            put_kv((char *)a->k_cache + at, a->k + t * a->k_row + h * a->k_head, D, kind);
+            put_kv((char *)a->v_cache + at, a->v + t * a->v_row + h * a->v_head, D, kind);
         }
     }
 }

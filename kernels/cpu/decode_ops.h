@@ -1,7 +1,10 @@
-/* What the fused decode layer (decode_layer.c) shares with the single ops (decode_ops.c). */
+/* What the fused decode layer (decode_layer.c) shares with the single ops (decode_ops.c):
+ * internal, hidden by the build's -fvisibility=hidden (the exported API is api.h's). */
 #ifndef INFERSTACK_DECODE_OPS_H
 #define INFERSTACK_DECODE_OPS_H
 #include <stdint.h>
+
+#include "api.h"
 
 /* an int8 matmul y = x w^T * scale + bias, work-shared among the threads of the enclosing
  * parallel region: from row-major weights, or from their panels (16 rows, input-major) */
@@ -30,12 +33,7 @@ void silu_row(const float *g, const float *u, float *o, int64_t I);
 void rotate_token(float *x, int64_t H, int64_t D, int64_t stride_h, const float *c,
                   const float *s);
 /* decode attention (attention.c), work-shared among the threads of the enclosing parallel
- * region: q [B, H, D] against the paged cache of element type `kind` (simd.h), sequence b's
- * new token at position lens[b] - 1; returns nonzero on this thread if a task could not
- * allocate its state */
-int decode_attention_for(const float *q, int64_t q_seq, int64_t q_head, const void *kc,
-                         const void *vc, int kind, int64_t cache_slot, int64_t cache_head,
-                         const int64_t *tables, int64_t table_stride, const int64_t *lens,
-                         int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t page, float scale,
-                         float *out, int64_t out_seq, int64_t out_head, int threads);
+ * region: a's q [B, H, D] against its paged cache, sequence b's new token at position
+ * lens[b] - 1; returns nonzero on this thread if a task could not allocate its state */
+int decode_attention_for(const AttentionArgs *a, const int64_t *lens, int64_t B, int threads);
 #endif

@@ -92,6 +92,7 @@ from runtime.loading.quantization import Int4Weight, Int8BlockWeight
 from tests.q4_weights import q4_1_weight
 assert cpu_build.isa() == "avx2" and "-mavx512f" not in cpu_build.flags()
 assert cpu_ops.available(), cpu_build.unavailable_reason()
+assert cpu_build.load()._name.endswith(cpu_build.library_name(cpu_build.source_key()))
 for rows in (1, 3, 4, 6, 9, 13):
     for n, k in ((5, 32), (13, 64), (70, 576)):
         p = Int4Weight(q4_1_weight(n, k, seed=rows))
@@ -111,13 +112,12 @@ print("ok")
 @pytest.mark.skipif(cpu_build.isa() != "avx512", reason="this CPU builds only the AVX2 kernel")
 def test_the_avx2_build_computes_the_same(tmp_path):
     """On an AVX-512 machine the tests above ran the 16-lane kernel; machines without it run
-    the 8-lane one, checked here from a build made as theirs would be."""
+    the 8-lane one, checked here from the AVX2 library (the child asserts it loaded that one)."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, INFERSTACK_CPU_ISA="avx2", XDG_CACHE_HOME=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", AVX2_CHECK], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
-    assert list(tmp_path.rglob("decode_ops-*.so"))  # a build of its own, not the cached one
 
 
 @pytest.mark.parametrize("kind,form", [("Q4_0", Int4Weight), ("Q4_1", Int4Weight),
