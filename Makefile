@@ -39,12 +39,19 @@ info: venv
 # distribution's packages when missing; installing needs root, as on CI (elsewhere the tests
 # that need them say how)
 services: venv
-	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.prometheus install
-	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.postgres install
-	[ "$$(id -u)" != 0 ] || $(PY) -m tests.services.redis install
+	[ "$$(id -u)" != 0 ] || $(PY) -m testkit.services.prometheus install
+	[ "$$(id -u)" != 0 ] || $(PY) -m testkit.services.postgres install
+	[ "$$(id -u)" != 0 ] || $(PY) -m testkit.services.redis install
 
 test: venv peers services kernels
 	$(PY) -m pytest -q
+
+# the edit loop: only the units that need no model, no services and start no process (under 3
+# minutes on 2 cores); `heavy` is set at collection (testkit/tiers.py) and a fast test that
+# starts a process fails. Collecting no test is pytest's exit 5: an error here, like a failure.
+.PHONY: test-fast
+test-fast: venv
+	$(PY) -m pytest -q -m "not heavy"
 
 # the long reliability soak (3 minutes; RELIABILITY_SOAK_MINUTES=30 for the full one)
 soak: venv

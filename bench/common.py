@@ -17,15 +17,12 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
+
+from numeric.percentiles import percentile  # noqa: F401  (the one percentile; NaN for none)
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# `python bench/engine.py` puts bench/ first on sys.path, where bench/kernels.py would shadow
-# the kernels package: the repo root must come first, whatever else put it on the path.
-sys.path[:] = [str(REPO_ROOT)] + [p for p in sys.path if p != str(REPO_ROOT)]
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from numeric.percentiles import percentile  # noqa: E402,F401  (the one percentile; NaN for none)
 
 
 # ---- setup ------------------------------------------------------------------------------

@@ -6,19 +6,17 @@ steps (all decode-only: the fused CPU layer's case) are timed; the formats alter
 each batch size and each round, so a neighbour's burst hits both alike. Reports the median
 step in ms, tokens/s, and each format's step as a ratio of the first format's.
 
-    python bench/decode_step.py                          # int8 against auto (int4 on Q4_1)
-    python bench/decode_step.py --formats int8,int4 --batches 1,8 --rounds 3
+    python -m bench.decode_step                          # int8 against auto (int4 on Q4_1)
+    python -m bench.decode_step --formats int8,int4 --batches 1,8 --rounds 3
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repo root on sys.path)
-from common import log, markdown_table, median, write_json  # noqa: E402
+from bench import common
+from bench.common import log, markdown_table, median, write_json
 
 PROMPT_TOKENS = 64
 

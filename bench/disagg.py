@@ -13,8 +13,8 @@ stalls them when colocated), time to first token of the long prompts and of the 
 and output throughput (all output tokens / wall time of the run). The transfer time per
 request comes from the gateway's `inferstack:kv_transfer_seconds` metric.
 
-    python bench/disagg.py --quick     # about 2 minutes on 2 cores (one round)
-    python bench/disagg.py             # about 5 minutes (two rounds, each mode's best)
+    python -m bench.disagg --quick     # about 2 minutes on 2 cores (one round)
+    python -m bench.disagg             # about 5 minutes (two rounds, each mode's best)
 """
 from __future__ import annotations
 
@@ -22,19 +22,15 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repo root on sys.path)
-from common import fmt, log, markdown_table, percentile  # noqa: E402
+import aiohttp
 
-import aiohttp  # noqa: E402
-
-from loadtest.text import words  # noqa: E402
-from tests.gateway.server import GatewayProcess  # noqa: E402
+from bench import common
+from bench.common import fmt, log, markdown_table, percentile
+from loadtest.text import words
+from testkit.gateway_server import GatewayProcess
 
 
 async def stream(session, url: str, prompt: str, max_tokens: int) -> dict:

@@ -13,8 +13,8 @@ The same run measures the machine's limits (copy bandwidth, float32 matmul rate,
 linear layers alone at several batch sizes) and reports each system's fraction of the
 linear-layer bound (definition printed with the results).
 
-    python bench/engine.py                 # full run (~15-20 min on 2 cores)
-    python bench/engine.py --quick         # smoke run (~2-3 min)
+    python -m bench.engine                 # full run (~15-20 min on 2 cores)
+    python -m bench.engine --quick         # smoke run (~2-3 min)
 """
 from __future__ import annotations
 
@@ -24,14 +24,13 @@ import random
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repo root on sys.path)
-from common import fmt, log, markdown_table, median, percentile  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-from engine_servers import OUTPUT_TOKENS  # noqa: E402
-from engine_systems import RunResult, load_hf, run_hf, run_ours  # noqa: E402
-from engine_workloads import Req, make_requests  # noqa: E402
+from bench import common
+from bench.common import fmt, log, markdown_table, median, percentile
+from bench.engine_servers import OUTPUT_TOKENS
+from bench.engine_systems import RunResult, load_hf, run_hf, run_ours
+from bench.engine_workloads import Req, make_requests
 
 
 # ---- bounds -----------------------------------------------------------------------------
@@ -138,7 +137,7 @@ def run_against_llama(args, path: str, engine) -> dict | None:
     alone on the machine; printed, and returned for the JSON."""
     if not args.servers:
         return None
-    from engine_servers import load_average, run_servers, servers_report
+    from bench.engine_servers import load_average, run_servers, servers_report
     streams = [int(x) for x in args.servers.split(",") if x.strip()]
     busy = [int(x) for x in args.busy_streams.split(",") if x.strip()]
     load = load_average()
@@ -163,7 +162,7 @@ def warm_up(engine, hf, reqs: list[Req], pad_id: int) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.device == "cuda":
-        from engine_cuda import main_cuda
+        from bench.engine_cuda import main_cuda
         return main_cuda(args)
     threads = common.setup_threads(args.threads)
     from contract.config import EngineConfig

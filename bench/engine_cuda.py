@@ -22,12 +22,12 @@ import random
 import time
 from pathlib import Path
 
-import common
-from common import fmt, log, markdown_table, median, percentile
-
 import torch
-from engine_systems import RunResult, load_hf, run_hf, run_ours
-from engine_workloads import Req, make_requests
+
+from bench import common
+from bench.common import fmt, log, markdown_table, median, percentile
+from bench.engine_systems import RunResult, load_hf, run_hf, run_ours
+from bench.engine_workloads import Req, make_requests
 
 RANDOM_MODEL = "random-smollm2"
 SMOLLM2_SHAPE = dict(layers=30, hidden=576, heads=9, kv_heads=3, intermediate=1536,
@@ -38,7 +38,7 @@ SMOLLM2_VOCAB = 49152
 def random_smollm2(folder: Path) -> str:
     """A Hugging Face folder with SmolLM2-135M's shape and random weights (tests' tokenizer,
     SmolLM2's vocabulary size); built once."""
-    from tests.tiny_model import random_weights, write_tiny_checkpoint
+    from testkit.tiny_model import random_weights, write_tiny_checkpoint
     if not (folder / "model.safetensors").exists():
         from safetensors.torch import save_file
         write_tiny_checkpoint(folder, **SMOLLM2_SHAPE)

@@ -179,7 +179,7 @@ def load_average() -> float:
 def servers_report(runs: list[ServerRun]) -> tuple[str, dict]:
     """The side-by-side table (quiet rows, then busy ones with their share of quiet), and the
     summary for the JSON."""
-    from common import markdown_table
+    from bench.common import markdown_table
 
     by = {(r.server, r.streams, r.busy): r for r in runs}
     rows, summary = [], {}

@@ -7,11 +7,11 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-import common
-from common import median, percentile
-
 import torch
-from engine_workloads import Req
+
+from bench import common
+from bench.common import median, percentile
+from bench.engine_workloads import Req
 
 
 # ---- results ----------------------------------------------------------------------------

@@ -2,10 +2,10 @@
 SO_REUSEPORT), both over the same shared fake-engine workers and the same PostgreSQL and Redis,
 at steady load, side by side in one run.
 
-    python bench/fleet.py                                    # 256 and 1,024 steady streams
-    python bench/fleet.py --concurrency 32 --steady 3        # a quick check
+    python -m bench.fleet                                    # 256 and 1,024 steady streams
+    python -m bench.fleet --concurrency 32 --steady 3        # a quick check
 
-The bench starts PostgreSQL and Redis on loopback (tests/services), `--workers` shared workers
+The bench starts PostgreSQL and Redis on loopback (testkit/services), `--workers` shared workers
 (`python -m runtime serve --fake`), then each system in turn: `python -m gateway --workers 0
 --worker-url ...` alone, and the same with `--gateways 2`. So what differs is only the number
 of gateway processes: the engine, the stores and the client are the same. The client is
@@ -27,13 +27,9 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from bench.gateway import _raise_fd_limit  # noqa: E402
-from bench.gateway_client import measure  # noqa: E402
-from bench.gateway_servers import ServerProcess, free_port  # noqa: E402
+from bench.gateway import _raise_fd_limit
+from bench.gateway_client import measure
+from bench.gateway_servers import REPO_ROOT, ServerProcess, free_port
 
 SYSTEMS = {"1 gateway": 1, "2 gateways": 2}
 
@@ -109,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from bench.common import fmt, log, machine_info, markdown_table, write_json
-    from tests.services.postgres import postgres_server
-    from tests.services.redis import redis_server
+    from testkit.services.postgres import postgres_server
+    from testkit.services.redis import redis_server
 
     _raise_fd_limit()
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]

@@ -1,9 +1,9 @@
 """The gateway's streaming overhead: the gateway with its fake engine against a bare aiohttp
 SSE server that streams the same chunks at the same cadence, side by side in one run.
 
-    python bench/gateway.py                       # 64, 256 and 1,024 concurrent streams
-    python bench/gateway.py --quick               # 64 and 256 streams, fewer tokens
-    python bench/gateway.py --steady 10           # steady load instead of one burst
+    python -m bench.gateway                       # 64, 256 and 1,024 concurrent streams
+    python -m bench.gateway --quick               # 64 and 256 streams, fewer tokens
+    python -m bench.gateway --steady 10           # steady load instead of one burst
 
 Both servers run in their own processes; the client (this process, uvloop + aiohttp) runs in a
 third. The fake engine sleeps --step-ms per step and then emits one token to every running
@@ -31,15 +31,9 @@ import os
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# the helpers (and bench.common, in main) are imported as bench.<name>, as bench/telemetry.py
-# imports this module: the repo root must be on the path
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
 # bench/telemetry.py imports ServerProcess, free_port and measure from here
-from bench.gateway_client import measure  # noqa: E402
-from bench.gateway_servers import ServerProcess, free_port, serve_bare  # noqa: E402
+from bench.gateway_client import measure
+from bench.gateway_servers import REPO_ROOT, ServerProcess, free_port, serve_bare
 
 
 # ---- main -------------------------------------------------------------------------------------

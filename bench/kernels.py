@@ -13,9 +13,9 @@ written. Target: decode at >= 70% of copy bandwidth at batch 64 x 8k.
 Each timing is the median of triton.testing.do_bench (L2 flushed between runs). Every case is
 checked against its reference first (a few sequences of it, so the reference fits in memory).
 
-    python bench/kernels.py            # full run (a few minutes on an H200)
-    python bench/kernels.py --quick    # a corner of the sweep
-    python bench/kernels.py --smoke    # tiny shapes on the CPU (Triton's interpreter): checks
+    python -m bench.kernels            # full run (a few minutes on an H200)
+    python -m bench.kernels --quick    # a corner of the sweep
+    python -m bench.kernels --smoke    # tiny shapes on the CPU (Triton's interpreter): checks
                                        # the script itself, measures nothing
 Writes bench/results/kernels.json and prints markdown tables.
 """
@@ -29,10 +29,9 @@ import tempfile
 import time
 from functools import partial
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import REPO_ROOT, fmt, log, markdown_table, write_json  # noqa: E402
+import torch
 
-import torch  # noqa: E402
+from bench.common import REPO_ROOT, fmt, log, markdown_table, write_json
 
 BLOCK = 16
 DEVICE = "cuda"

@@ -7,9 +7,9 @@ JSON under bench/results/.
 2. prefix cache: `shared-prefix` against the real model with the prefix cache on and off:
    TTFT, cache-hit rate and revenue per GPU-hour side by side.
 
-    python bench/loadtest.py            # both, full size
-    python bench/loadtest.py --quick    # short runs
-    python bench/loadtest.py --skip-model
+    python -m bench.loadtest            # both, full size
+    python -m bench.loadtest --quick    # short runs
+    python -m bench.loadtest --skip-model
 """
 from __future__ import annotations
 
@@ -23,22 +23,18 @@ import time
 import urllib.request
 from pathlib import Path
 
+import uvloop
+
+from loadtest.dists import Dist
+from loadtest.mix import Mix
+from loadtest.pricing import PriceBook
+from loadtest.runner import LoadShape
+from loadtest.session import Settings, run_load
+from loadtest.slo import SLO
+from loadtest.workloads import WorkloadParams
+from testkit.gateway_server import free_port
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# this file's own folder would shadow the loadtest package: the repository root goes first
-sys.path[:] = [str(REPO_ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in
-                                  (REPO_ROOT, REPO_ROOT / "bench")]
-
-import uvloop  # noqa: E402
-
-from loadtest.dists import Dist  # noqa: E402
-from loadtest.mix import Mix  # noqa: E402
-from loadtest.pricing import PriceBook  # noqa: E402
-from loadtest.runner import LoadShape  # noqa: E402
-from loadtest.session import Settings, run_load  # noqa: E402
-from loadtest.slo import SLO  # noqa: E402
-from loadtest.workloads import WorkloadParams  # noqa: E402
-from tests.gateway.server import free_port  # noqa: E402
-
 RESULTS = REPO_ROOT / "bench" / "results"
 
 

@@ -38,8 +38,8 @@ Definitions:
 Every engine gets one short unrelated warm-up request before it is measured (it shares no
 block with the workload), so one-time costs are not charged to either mode.
 
-    python bench/prefix_cache.py                # full run (~10-15 min on 2 cores)
-    python bench/prefix_cache.py --quick        # smoke run (~1-2 min)
+    python -m bench.prefix_cache                # full run (~10-15 min on 2 cores)
+    python -m bench.prefix_cache --quick        # smoke run (~1-2 min)
 """
 from __future__ import annotations
 
@@ -49,11 +49,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402  (also puts the repo root on sys.path)
-from common import fmt, log, markdown_table, median  # noqa: E402
-
-from prefix_cache_runs import (  # noqa: E402
+from bench import common
+from bench.common import fmt, log, markdown_table, median
+from bench.prefix_cache_runs import (
     Bench,
     Tracker,
     common_prefix,
@@ -61,7 +59,7 @@ from prefix_cache_runs import (  # noqa: E402
     run_batch,
     summarise,
 )
-from prefix_cache_workloads import (  # noqa: E402
+from bench.prefix_cache_workloads import (
     conversation_user_message,
     make_document_ids,
     make_questions,

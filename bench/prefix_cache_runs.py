@@ -7,11 +7,10 @@ import dataclasses
 import gc
 import time
 
-import common
-from common import log, median
-
 import torch
 
+from bench import common
+from bench.common import log, median
 from contract.config import EngineConfig
 from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine

@@ -1,6 +1,6 @@
 """Cache-aware routing against rendezvous hashing, side by side on the same workload.
 
-Two fake-engine workers in one process on virtual clocks (tests/gateway/fleet_sim.py): the
+Two fake-engine workers in one process on virtual clocks (testkit/fleet_sim.py): the
 real worker loop, worker handles and dispatcher, frames crossing as bytes; only the engines'
 work is simulated. Each fake engine has a bounded LRU prefix cache keyed by the model engine's
 own block hashes, and publishes the same KV events; its cost model charges a step
@@ -21,8 +21,8 @@ Figures: hit rate = cached prompt tokens / prompt tokens (every turn's usage, as
 misses = prompt tokens the workers computed; TTFT = virtual seconds from a turn's arrival to
 its first token, as the cost model implies (queueing at the gateway included).
 
-    python bench/prefix_routing.py            # about 10-20 s
-    python bench/prefix_routing.py --quick    # fewer conversations
+    python -m bench.prefix_routing            # about 10-20 s
+    python -m bench.prefix_routing --quick    # fewer conversations
 
 Prints a table and writes bench/results/prefix_routing.json.
 """
@@ -30,17 +30,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
-_BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]  # the repo root first (see common.py)
-from common import fmt, log, machine_info, markdown_table, write_json  # noqa: E402
-
-from contract.model_files import default_model_path  # noqa: E402
-from runtime.loading.gguf import read_gguf_tokenizer  # noqa: E402
-from tests.gateway.fleet_sim import Workload, simulate  # noqa: E402
+from bench.common import REPO_ROOT, fmt, log, machine_info, markdown_table, write_json
+from contract.model_files import default_model_path
+from runtime.loading.gguf import read_gguf_tokenizer
+from testkit.fleet_sim import Workload, simulate
 
 SCENARIOS = {
     "distinct": dict(tenants=4, prompts_per_tenant=3, system_tokens=800, preamble_tokens=0,
@@ -99,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-us", type=float, default=50.0,
                     help="prefill per uncached prompt token, in microseconds")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--out", default=os.path.join(_BENCH, "results", "prefix_routing.json"))
+    ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "prefix_routing.json"))
     args = ap.parse_args(argv)
     if args.quick:
         args.conversations = 80

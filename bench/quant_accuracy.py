@@ -6,23 +6,23 @@ logit (the file's float32 dequantization as reference), and where greedy decodin
 differs from the reference in 32 tokens. Accuracy, not speed: the machine's load does not
 change these figures.
 
-    python bench/quant_accuracy.py
+    python -m bench.quant_accuracy
 """
 from __future__ import annotations
 
-import os
+import argparse
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402,F401  (puts the repo root on sys.path)
-from common import log, markdown_table, write_json  # noqa: E402
+from bench.common import log, markdown_table, write_json
 
 PROMPTS = ["The history of the Roman Empire", "def fibonacci(n):\n    ",
            "Water boils at a temperature of", "List three colours of the rainbow:"]
 TOKENS = 32
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__,  # no settings: --help says what it measures
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
     from contract.config import EngineConfig
     from contract.sampling_params import SamplingParams
     from runtime.engine import LLMEngine

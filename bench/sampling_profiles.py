@@ -1,6 +1,6 @@
 """How often each sampling profile answers the README's question right on the shipped model.
 
-    python bench/sampling_profiles.py [--seeds 40] [--max-tokens 32]
+    python -m bench.sampling_profiles [--seeds 40] [--max-tokens 32]
 
 Not a speed benchmark: the measurement behind the greedy default for GGUF files that name no
 sampling of their own (contract/sampling_defaults.py, README "Model names and sampling
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import REPO_ROOT, log, markdown_table, setup_threads, write_json
-
+from bench.common import REPO_ROOT, log, markdown_table, setup_threads, write_json
 from contract.config import EngineConfig
 from contract.sampling_defaults import PROFILES
 from contract.sampling_params import SamplingParams

@@ -42,13 +42,13 @@ Definitions (per scenario and proposer):
   same       outputs identical to `off` (greedy; batched float arithmetic may legitimately
              diverge, this is informative, not a test).
 
-    python bench/spec_decode.py                 # full run (~6-7 min on 2 quiet cores)
-    python bench/spec_decode.py --quick         # smoke run (~2-3 min)
+    python -m bench.spec_decode                 # full run (~6-7 min on 2 quiet cores)
+    python -m bench.spec_decode --quick         # smoke run (~2-3 min)
 
 Noise: on a 2-core machine shared with other work, a 2-thread step stalls whenever one of its
 threads is descheduled, and a speculating step (many small per-sequence ops) stalls more than a
 plain decode step; `--threads 1` is steadier under contention. Compare runs' `load_avg_1min`.
-    python bench/spec_decode.py --proposers off,ngram,self:24,draft:24,draft:8
+    python -m bench.spec_decode --proposers off,ngram,self:24,draft:24,draft:8
 """
 from __future__ import annotations
 
@@ -59,15 +59,10 @@ import sys
 import tempfile
 import time
 
-_BENCH = os.path.dirname(os.path.abspath(__file__))
-# the repo root ahead of bench/, so bench/kernels.py never shadows the `kernels` package
-sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]
-import common
-from common import fmt, log, machine_info, markdown_table, write_json
-
-from spec_decode_runs import run_scenario
-from spec_decode_workloads import CHAT, extractive_messages
-
+from bench import common
+from bench.common import REPO_ROOT, fmt, log, machine_info, markdown_table, write_json
+from bench.spec_decode_runs import run_scenario
+from bench.spec_decode_workloads import CHAT, extractive_messages
 from contract.config import EngineConfig
 from contract.sampling_params import SamplingParams
 from runtime.engine import LLMEngine
@@ -96,7 +91,7 @@ def main(argv=None) -> int:
                          "half of it at higher concurrency")
     ap.add_argument("--model", default=None, help="target model (default: SmolLM2-135M)")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=os.path.join(_BENCH, "results", "spec_decode.json"))
+    ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "spec_decode.json"))
     args = ap.parse_args(argv)
 
     threads = common.setup_threads(args.threads or os.cpu_count())

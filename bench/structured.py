@@ -12,8 +12,8 @@ Sections:
   jump         jump-forward on against off on a structure-heavy schema (long fixed keys, the
                model picks only booleans and digits), greedy, one request at a time.
 
-    python bench/structured.py            # about 3-6 minutes on 2 cores
-    python bench/structured.py --quick    # fewer requests
+    python -m bench.structured            # about 3-6 minutes on 2 cores
+    python -m bench.structured --quick    # fewer requests
 Prints markdown tables and writes bench/results/structured.json.
 """
 from __future__ import annotations
@@ -24,19 +24,15 @@ import os
 import sys
 import time
 
-_BENCH = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.dirname(_BENCH), _BENCH]  # the repo root first (see common.py)
-import common  # noqa: E402
-from common import fmt, log, machine_info, markdown_table, median, write_json  # noqa: E402
-
-from structured_workloads import HEAVY, ORDER, SCHEMAS  # noqa: E402
-
-from contract.config import EngineConfig  # noqa: E402
-from contract.sampling_params import SamplingParams, choice_seed  # noqa: E402
-from contract.structured_spec import spec_key  # noqa: E402
-from runtime.engine import LLMEngine  # noqa: E402
-from runtime.loading.loader import default_model_path, load_checkpoint  # noqa: E402
-from runtime.structured.compiler import JSON_OPTIONS, compile_grammar, make_lltokenizer  # noqa: E402
+from bench import common
+from bench.common import REPO_ROOT, fmt, log, machine_info, markdown_table, median, write_json
+from bench.structured_workloads import HEAVY, ORDER, SCHEMAS
+from contract.config import EngineConfig
+from contract.sampling_params import SamplingParams, choice_seed
+from contract.structured_spec import spec_key
+from runtime.engine import LLMEngine
+from runtime.loading.loader import default_model_path, load_checkpoint
+from runtime.structured.compiler import JSON_OPTIONS, compile_grammar, make_lltokenizer
 
 
 # ---- libraries ---------------------------------------------------------------------------
@@ -246,7 +242,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--out", default=os.path.join(_BENCH, "results", "structured.json"))
+    ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "structured.json"))
     args = ap.parse_args(argv)
     common.setup_threads(args.threads)
     log(f"machine: {machine_info()}")

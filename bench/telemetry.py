@@ -5,7 +5,7 @@ Two fake-engine gateways: one with request spans on and a live-feed subscriber c
 one started with --no-telemetry. The same streams go through each, alternating, and the
 table gives streamed tokens/s and the on/off ratio (target: at least 0.90).
 
-    .venv/bin/python bench/telemetry.py [--concurrency 64,256] [--tokens 64] [--rounds 3]
+    .venv/bin/python -m bench.telemetry [--concurrency 64,256] [--tokens 64] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -13,13 +13,9 @@ import argparse
 import asyncio
 import sys
 import threading
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from bench.common import fmt, log, machine_info, markdown_table, write_json  # noqa: E402
-from bench.gateway import ServerProcess, free_port, measure  # noqa: E402
+from bench.common import REPO_ROOT, fmt, log, machine_info, markdown_table, write_json
+from bench.gateway import ServerProcess, free_port, measure
 
 
 def start_gateway(step_ms: float, seqs: int, telemetry: bool) -> ServerProcess:

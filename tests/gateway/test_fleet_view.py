@@ -11,9 +11,9 @@ import time
 import aiohttp
 import pytest
 
-from tests.gateway.server import GatewayProcess
-from tests.services.postgres import postgres_server
-from tests.services.redis import redis_server
+from testkit.gateway_server import GatewayProcess
+from testkit.services.postgres import postgres_server
+from testkit.services.redis import redis_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 TTL = 5.0  # the registry's default

@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import aiohttp
 import openai
 import pytest
 
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 FAKE_TEXT = " The quick brown fox jumps over the lazy dog and keeps running through the field."
 

@@ -29,11 +29,11 @@ import pytest
 
 from gateway.config import load_config
 from gateway.supervisor import child_environ
+from testkit.gateway_server import GatewayProcess
+from testkit.services.postgres import postgres_server
+from testkit.services.redis import redis_server
 from tests.gateway.keyfile import write_key_file
-from tests.gateway.server import GatewayProcess
 from tests.runtime.test_serve import FAKE, LONG, FrameClient, ServeProcess
-from tests.services.postgres import postgres_server
-from tests.services.redis import redis_server
 
 TENANTS = {"fleet": {"budget_usd": 1.0}, "ops": {}}
 KEYS = [("sk-fleet", "fleet", False, False), ("sk-ops", "ops", True, False)]

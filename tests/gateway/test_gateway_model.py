@@ -1,7 +1,7 @@
 """End to end on the real SmolLM2 model through the official openai client."""
 import pytest
 
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 MODEL = "SmolLM2-135M-Instruct"  # the model file's name: what the gateway serves it as
 

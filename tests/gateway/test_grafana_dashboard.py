@@ -16,8 +16,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.telemetry.metrics import GatewayMetrics
+from testkit.services.prometheus import scraped_gateway
 from tests.gateway.keyfile import write_key_file
-from tests.services.prometheus import scraped_gateway
 
 DASHBOARD = Path(__file__).parents[2] / "dashboards" / "grafana" / "inferstack.json"
 METRICS_KEY = "sk-scraper"

@@ -16,7 +16,7 @@ from gateway.serving.dispatch import Dispatcher
 from gateway.serving.inflight import InFlightTable
 from gateway.serving.queue import RequestQueue
 from gateway.workers.handle import WorkerHandle
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 from tests.runtime.test_serve import FrameClient, ServeProcess
 
 BLOCKS = 8  # of 16 tokens: the shared worker holds 128 tokens per request

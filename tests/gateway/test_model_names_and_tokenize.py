@@ -9,8 +9,8 @@ import openai
 import pytest
 import requests
 
+from testkit.gateway_server import GatewayProcess
 from tests.gateway.keyfile import write_key_file
-from tests.gateway.server import GatewayProcess
 
 NAMES = ("smol", "gpt-4o-mini")
 TENANTS = {"open": {}, "narrow": {"models": '["gpt-4o-mini"]'}, "ops": {}}

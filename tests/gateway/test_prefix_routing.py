@@ -17,7 +17,7 @@ from gateway.serving.queue import RequestQueue
 from gateway.workers.handle import Placement, WorkerEvents, WorkerHandle
 from gateway.workers.output_stream import OutputStream
 from gateway.workers.prefix_index import PrefixHashes, PrefixIndex
-from tests.gateway.fleet_sim import Fleet, Workload, simulate
+from testkit.fleet_sim import Fleet, Workload, simulate
 
 BS = 4
 SALT = "tenant-a"

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testkit.services import prometheus
+from testkit.services.prometheus import scraped_gateway, services_held_back
 from tests.gateway.keyfile import write_key_file
-from tests.services import prometheus
-from tests.services.prometheus import scraped_gateway, services_held_back
 
 METRICS_KEY = "sk-scraper"  # `metrics = true` and not an admin: /metrics, nothing more
 KEYS = [("sk-alpha", "alpha", False, False), (METRICS_KEY, "ops", False, False, True)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 
 @pytest.fixture(scope="module")

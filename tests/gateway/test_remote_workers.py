@@ -31,7 +31,7 @@ from gateway.workers.remote_handle import (
     parse_worker_url,
     remote_worker_handles,
 )
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 from tests.runtime import test_engine_contract as contract
 from tests.runtime.test_serve import FAKE, LONG, SECRET, FrameClient, ServeProcess
 

@@ -19,8 +19,8 @@ from gateway.openai.responses_api import (
     parse_responses_request,
     response_shell,
 )
+from testkit.gateway_server import GatewayProcess
 from tests.gateway.keyfile import write_key_file
-from tests.gateway.server import GatewayProcess
 
 FAKE_TEXT = " The quick brown fox jumps over the lazy dog and keeps running through the field."
 EVENT = TypeAdapter(ResponseStreamEvent)

@@ -18,10 +18,10 @@ import orjson
 import pytest
 
 from billing.pricing import PriceBook
+from testkit.gateway_server import GatewayProcess
+from testkit.services.postgres import postgres_server
+from testkit.services.redis import redis_server
 from tests.gateway.keyfile import write_key_file
-from tests.gateway.server import GatewayProcess
-from tests.services.postgres import postgres_server
-from tests.services.redis import redis_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -24,8 +24,8 @@ from billing.stores import StoreUnavailable
 from contract.sampling_params import SamplingParams
 from gateway.serving.accounting import Accounting
 from gateway.serving.inflight import InFlightTable
-from tests.services.postgres import postgres_server
-from tests.services.redis import redis_server
+from testkit.services.postgres import postgres_server
+from testkit.services.redis import redis_server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -21,7 +21,7 @@ from gateway.openai.structured_api import (
     check_schema,
 )
 from gateway.openai.tools import MAX_PARALLEL_CALLS, MAX_TOOLS
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 from tests.runtime.test_gguf_loader import write_tiny_gguf
 
 USER = [{"role": "user", "content": "hi"}]

@@ -15,7 +15,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
 from pydantic import BaseModel, Field
 
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 MODEL = "SmolLM2-135M-Instruct"
 pytestmark = pytest.mark.model

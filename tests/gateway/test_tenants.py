@@ -5,8 +5,8 @@ import sqlite3
 import aiohttp
 import pytest
 
+from testkit.gateway_server import GatewayProcess
 from tests.gateway.keyfile import write_key_file
-from tests.gateway.server import GatewayProcess
 
 TENANTS = {
     "alpha": {"weight": 1.0}, "beta": {"weight": 3.0},

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_build, cpu_ops
 from runtime.loading.quantization import Int4Weight, Int8BlockWeight, QuantizationError
-from tests.q4_weights import q4_1_weight
+from testkit.q4_weights import q4_1_weight
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
                                 reason=f"no compiled CPU ops: {cpu_build.unavailable_reason()}")
@@ -89,7 +89,7 @@ AVX2_CHECK = """
 import torch, torch.nn.functional as F
 from kernels import cpu_build, cpu_ops
 from runtime.loading.quantization import Int4Weight, Int8BlockWeight
-from tests.q4_weights import q4_1_weight
+from testkit.q4_weights import q4_1_weight
 assert cpu_build.isa() == "avx2" and "-mavx512f" not in cpu_build.flags()
 assert cpu_ops.available(), cpu_build.unavailable_reason()
 assert cpu_build.load()._name.endswith(cpu_build.library_name(cpu_build.source_key()))

@@ -18,7 +18,7 @@ from loadtest.runner import LoadShape
 from loadtest.session import Settings, run_load
 from loadtest.slo import SLO
 from loadtest.workloads import WorkloadParams
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 S = 0.010  # engine step, seconds
 N = 10  # output tokens per request

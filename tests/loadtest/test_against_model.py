@@ -8,7 +8,7 @@ from loadtest.mix import Mix
 from loadtest.runner import LoadShape
 from loadtest.session import Settings, run_load
 from loadtest.workloads import WorkloadParams
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 pytestmark = pytest.mark.model
 

@@ -25,7 +25,7 @@ import pytest
 
 from runtime.loading.loader import default_model_path
 from runtime.loading.tokenizer_export import read_gguf_source, write_folder
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 from tests.loadtest.peer_aiperf import (
     INSTALL_HINT,
     Workload,

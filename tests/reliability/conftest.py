@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 
 from billing.pricing import PriceBook
+from testkit.gateway_server import GatewayProcess
 from tests.gateway.keyfile import write_key_file
-from tests.gateway.server import GatewayProcess
 
 SOAK = bool(os.environ.get("RELIABILITY_SOAK"))
 PRICES = PriceBook.preset("seed")

@@ -19,7 +19,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.gateway.server import GatewayProcess, free_port
+from testkit.gateway_server import GatewayProcess, free_port
 from tests.reliability.conftest import Gateway, auth
 from tests.reliability.test_hostile_input import _post, assert_openai_error
 

@@ -12,7 +12,7 @@ import kernels
 from contract.sampling_params import SamplingParams
 from kernels import cpu_build, cpu_ops
 from kernels.cpu_layer import F32_MAX_ROWS, FusedDecoder
-from tests.q4_weights import snapped_to_q4_1
+from testkit.q4_weights import snapped_to_q4_1
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
                                 reason=f"no compiled CPU ops: {cpu_build.unavailable_reason()}")

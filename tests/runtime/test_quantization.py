@@ -22,7 +22,7 @@ from runtime.loading.quantization import (
     resolve,
 )
 from runtime.models.linear import Linear
-from tests.q4_weights import q4_1_weight
+from testkit.q4_weights import q4_1_weight
 from tests.runtime.test_vs_transformers import PROMPTS, hf_greedy, relative_error
 
 FAST_CPU = torch.backends.cpu.get_cpu_capability() != "DEFAULT"

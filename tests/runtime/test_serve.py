@@ -38,7 +38,7 @@ from contract.model_files import FAKE_MODEL_NAME
 from contract.sampling_params import SamplingParams
 from runtime.fake_engine import FakeEngine
 from runtime.transport.worker import Worker
-from tests.gateway.server import free_port
+from testkit.gateway_server import free_port
 
 SECRET = "a-shared-secret-of-some-length"
 FAKE = ("--fake", "--fake-step-ms", "5", "--max-num-seqs", "16")

@@ -12,7 +12,7 @@ import time
 import aiohttp
 import pytest
 
-from tests.gateway.server import GatewayProcess
+from testkit.gateway_server import GatewayProcess
 
 PROMPTS = ["the cat sat on the mat", "a b c d e f g h i j k l m n o p q r s t u v w",
            "hello", "one two three four five six seven eight nine ten eleven twelve"]

@@ -11,7 +11,7 @@ import sys
 import aiohttp
 import pytest
 
-from tests.gateway.server import GatewayProcess, free_port
+from testkit.gateway_server import GatewayProcess, free_port
 from tests.scaleout.test_disagg_gateway import complete, wait_all_workers
 
 pytest.importorskip("ray")

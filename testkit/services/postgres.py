@@ -8,7 +8,7 @@ every server command runs as that user (`subprocess`'s `user=`: a setuid before 
 process we hold is the server itself, not a `su` wrapper that would outlive a kill). Its data
 folder is made outside pytest's tmp_path, which is private to root.
 
-`python -m tests.services.postgres install` installs it (as root) for CI and the Makefile.
+`python -m testkit.services.postgres install` installs it (as root) for CI and the Makefile.
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.server import free_port
-from tests.services import installer_main
-from tests.services.prometheus import apt_install_disabled
+from testkit.gateway_server import free_port
+from testkit.services import installer_main
+from testkit.services.prometheus import apt_install_disabled
 
 SERVER_USER = "postgres"  # who runs the server when we are root
 SUPERUSER = "postgres"  # the cluster's role the tests connect as (trust on loopback)
@@ -179,7 +179,7 @@ def postgres_server() -> Iterator[PostgresServer]:
     if bindir is None or user is None:
         pytest.skip("SKIPPED LOUDLY: no PostgreSQL server binaries (initdb, postgres) or no "
                     "`postgres` user, and not root to apt-get them: run "
-                    "`python -m tests.services.postgres install` as root (or `make services`)")
+                    "`python -m testkit.services.postgres install` as root (or `make services`)")
     server = PostgresServer(bindir, user)
     try:
         yield server

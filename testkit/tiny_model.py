@@ -1,7 +1,9 @@
 """A tiny random-weight Llama checkpoint written as a Hugging Face folder.
 
 It goes through exactly the loading and serving code of a real checkpoint (config.json,
-safetensors, tokenizer.json with a chat template), but runs a step in milliseconds.
+safetensors, tokenizer.json with a chat template), but runs a step in milliseconds. The test
+suite's `tiny_model_dir` fixture and `bench/engine_cuda.py` (SmolLM2's shape with random
+weights) both build theirs here.
 """
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
-"""Real third-party servers that tests start on loopback (Prometheus, PostgreSQL, Redis), with
-their installers."""
+"""Real third-party servers that tests and benchmarks start on loopback (Prometheus, PostgreSQL,
+Redis), with their installers (`python -m testkit.services.<name> install`, run by `make services`).
+
+In testkit so that `bench/fleet.py` starts the same servers as the tests without importing them.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,9 +13,9 @@ from collections.abc import Callable
 
 def installer_main(name: str, description: str, install: Callable[[], str],
                    find: Callable[[], str | None], argv: list[str] | None = None) -> int:
-    """`python -m tests.services.<name> install|which`: apt-get the server (as root) unless
+    """`python -m testkit.services.<name> install|which`: apt-get the server (as root) unless
     present, or print where it is; exit 1 with the reason when neither works."""
-    parser = argparse.ArgumentParser(prog=f"python -m tests.services.{name}",
+    parser = argparse.ArgumentParser(prog=f"python -m testkit.services.{name}",
                                      description=description)
     parser.add_argument("command", choices=["install", "which"],
                         help="install: apt-get it (root) unless present; which: print where "

@@ -1,4 +1,8 @@
-"""Start a real gateway process on a free loopback port and wait until it is ready."""
+"""Start a real gateway process on a free loopback port and wait until it is ready.
+
+Shared by the tests that drive a gateway over HTTP and by the benchmarks that do
+(`bench/disagg.py`, `bench/loadtest.py`), so neither imports the other.
+"""
 from __future__ import annotations
 
 import os

@@ -23,7 +23,6 @@ import struct
 from dataclasses import dataclass, field
 
 from contract.frames import decode_frame
-from contract.sampling_params import SamplingParams
 from gateway.openai.requests import GenerationRequest
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
@@ -144,7 +143,8 @@ class SimWorker:
         self.outbox = _Outbox()
         self.loop = Worker(self.engine, self.outbox)
         self.handle = WorkerHandle(index, [], events=events)
-        self.handle.proc = _Proc(1000 + index, _Stdin(self.loop))
+        # a stand-in with the members of a Process the handle reads (pid, stdin, returncode)
+        self.handle.proc = _Proc(1000 + index, _Stdin(self.loop))  # type: ignore[assignment]
         self.handle.info = self.loop.ready_message()
         self.handle.ready.set()
 
@@ -216,11 +216,10 @@ class Fleet:
     def _submit(self, rid: str) -> None:
         turn = self.turns[rid]
         c = self._conversations[turn.conversation]
-        params = SamplingParams(max_tokens=self._max_tokens, ignore_eos=True)
         request = GenerationRequest("completion", None, None, tuple(turn.prompt),
-                                    self._max_tokens, params)
+                                    self._max_tokens, {"ignore_eos": True})
         job = InFlightRequest(rid, request, turn.prompt, "",
-                              {"max_tokens": self._max_tokens, "ignore_eos": True}, 0, c.tenant)
+                              request.sampling_params(self._max_tokens), 0, c.tenant)
         self.dispatcher.table.move(job, Phase.QUEUED)
         self.dispatcher.enqueue(job)
 

@@ -3,7 +3,7 @@ package (its service held back and disabled), started on loopback on a free port
 throwaway folder and no persistence, killed and restarted on the same port when a test needs
 the store to vanish and come back.
 
-`python -m tests.services.redis install` installs it (as root) for CI and the Makefile.
+`python -m testkit.services.redis install` installs it (as root) for CI and the Makefile.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.server import free_port
-from tests.services import installer_main
-from tests.services.prometheus import apt_install_disabled
+from testkit.gateway_server import free_port
+from testkit.services import installer_main
+from testkit.services.prometheus import apt_install_disabled
 
 DEBIAN_BINARY = "/usr/bin/redis-server"
 
@@ -121,7 +121,7 @@ def redis_server(folder: Path) -> Iterator[RedisServer]:
     binary = ensure_binary()
     if binary is None:
         pytest.skip("SKIPPED LOUDLY: no redis-server binary and not root to apt-get it: run "
-                    "`python -m tests.services.redis install` as root (or `make services`)")
+                    "`python -m testkit.services.redis install` as root (or `make services`)")
     server = RedisServer(binary, folder)
     try:
         yield server

@@ -1,4 +1,8 @@
-"""Weights in the form a GGUF Q4_1 file holds them, for tests of the 4-bit path."""
+"""Weights in the form a GGUF Q4_1 file holds them, for tests of the 4-bit path.
+
+Here with the other shared helpers so the kernel and runtime tests (and any benchmark of the
+4-bit path) draw the same matrices.
+"""
 from __future__ import annotations
 
 import torch

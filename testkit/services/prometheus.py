@@ -2,7 +2,7 @@
 package, started on loopback with a throwaway data folder and a generated config that scrapes
 one target every second, and a small client for its HTTP API.
 
-`python -m tests.services.prometheus install` installs it (as root) for CI and the Makefile.
+`python -m testkit.services.prometheus install` installs it (as root) for CI and the Makefile.
 """
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.server import GatewayProcess, free_port
-from tests.services import installer_main
+from testkit.gateway_server import GatewayProcess, free_port
+from testkit.services import installer_main
 
 DEBIAN_BINARY = "/usr/bin/prometheus"
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
-REFUSE_ALL = "#!/bin/sh\n# written by tests/services/prometheus.py for one install\nexit 101\n"
+REFUSE_ALL = "#!/bin/sh\n# written by testkit/services/prometheus.py for one install\nexit 101\n"
 JOB = "gateway"
 SCRAPE_INTERVAL = "1s"
 
@@ -207,7 +207,7 @@ def scraped_gateway(folder: Path, key: str, *flags: str
     binary = ensure_binary()
     if binary is None:
         pytest.skip("no prometheus binary and not root to apt-get it: run "
-                    "`python -m tests.services.prometheus install` as root")
+                    "`python -m testkit.services.prometheus install` as root")
     gateway = _ScrapedGateway(binary, folder, key, *flags)
     assert gateway.scraper is not None
     try:
