@@ -1,0 +1,20 @@
+"""Tolerances from a dtype's resolution and the arithmetic's order, not from one machine.
+
+Two computations of the same value in a different order (a batch padded to a bucket, another
+SIMD width, another GEMM blocking) agree in float32 to a few units in the last place; stored
+in a narrower type, that difference can flip the rounding by one unit of the narrow type. So a
+comparison of stored values allows one unit of the stored type's resolution (relative: the
+type's epsilon), plus the float32 noise floor for values near zero, where the narrow type's
+units are smaller than float32's arithmetic error on the terms that summed to them.
+"""
+from __future__ import annotations
+
+import torch
+
+FLOAT32_ORDER_ATOL = 1e-5  # float32 results of reordered sums of O(1) terms
+
+
+def stored_in(dtype: torch.dtype, units: int = 1) -> dict[str, float]:
+    """`assert_close` keywords for values stored in `dtype` after float32 arithmetic done in
+    another order: `units` roundings of the stored type may differ."""
+    return {"rtol": units * torch.finfo(dtype).eps, "atol": FLOAT32_ORDER_ATOL}
