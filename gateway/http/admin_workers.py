@@ -16,6 +16,7 @@ from aiohttp import web
 from gateway.errors import APIError, bad_request, not_found
 from gateway.http.auth import authenticate, require_admin, require_metrics_reader
 from gateway.http.error_middleware import json_response
+from gateway.http.request_body import read_json
 from gateway.serving.autoscale import autoscale_loop, policy_from_config
 from gateway.serving.fleet_registry import (
     TOTALS_EVERY_SECONDS,
@@ -51,10 +52,7 @@ async def list_workers(request: web.Request):
 async def add_worker(request: web.Request):
     state = request.app[STATE]
     require_admin(authenticate(request, state.keys))
-    try:
-        body = await request.json()
-    except ValueError:
-        raise bad_request("the body must be a JSON object") from None
+    body = await read_json(request, state.config.body_timeout_seconds)
     if not isinstance(body, dict) or ("url" in body) == ("spawn" in body):
         raise bad_request('send {"url": "tcp://HOST:PORT"} or {"spawn": true}')
     pool = request.app[POOL]

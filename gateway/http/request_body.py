@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from billing.keys import ApiKey
 from gateway.errors import APIError, bad_request
@@ -24,9 +25,10 @@ def trace_context(request: web.Request) -> dict | None:
 
 
 async def read_json(request: web.Request, timeout: float | None = None):
-    """The decoded body: 415 unless sent as JSON (a web page can post text/plain to a local
-    gateway without asking first), 413 over the limit, 408 if it trickles in slower than
-    `timeout`."""
+    """The decoded body, for every route that takes one: 415 unless sent as JSON (a web page
+    can post text/plain to a local gateway without asking first), 413 over the limit, 408 if
+    it trickles in slower than `timeout`, 400 for a body its Content-Encoding does not decode
+    or that is not JSON (nesting deeper than orjson's 1,024 levels included)."""
     if request.content_type != "application/json":
         raise APIError(415, f"the body must be sent as Content-Type: application/json, not "
                        f"{request.headers.get('Content-Type', 'none')[:100]!r}",
@@ -36,6 +38,10 @@ async def read_json(request: web.Request, timeout: float | None = None):
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within {timeout:g} s",
                        code="body_timeout") from None
+    except RequestPayloadError as exc:  # e.g. marked gzip but not gzip
+        encoding = request.headers.get("Content-Encoding", "none")[:50]
+        raise bad_request(f"the body could not be decoded as Content-Encoding {encoding!r}",
+                          code="invalid_body_encoding") from exc
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
