@@ -22,12 +22,14 @@ import ctypes
 import dataclasses
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 
+from contract.frames import TOKEN_ENV
 from gateway.config import GatewayConfig, flat_settings
 
 log = logging.getLogger("gateway.supervisor")
@@ -96,14 +98,15 @@ class Fleet:
     def __init__(self, config: GatewayConfig):
         self.config = config
         self.ports = [_free_port() for _ in range(config.workers)]
-        self.workers = [Child(f"worker {i}", _serve_argv(config, port))
+        token = {TOKEN_ENV: worker_token(config)}
+        self.workers = [Child(f"worker {i}", _serve_argv(config, port), dict(os.environ, **token))
                         for i, port in enumerate(self.ports)]
         urls = config.worker_urls + tuple(f"tcp://127.0.0.1:{p}" for p in self.ports)
         ledger = config.resolved_ledger_path()
         self.gateways = [
             Child(f"gateway {i}", [sys.executable, "-m", "gateway"],
                   child_environ(config, gateways=1, workers=0, worker_urls=urls,
-                                reuse_port=True, ledger_path=f"{ledger}.{i}"))
+                                reuse_port=True, ledger_path=f"{ledger}.{i}") | token)
             for i in range(config.gateways)]
         self.signals = 0
 
@@ -169,6 +172,17 @@ class Fleet:
                 except subprocess.TimeoutExpired:
                     c.proc.kill()
                     c.proc.wait()
+
+
+def worker_token(config: GatewayConfig) -> str:
+    """The secret the fleet's own workers demand of every connection: the operator's
+    INFERSTACK_WORKER_TOKEN, else a fresh one per start (loopback is no barrier to another
+    user's process on this host). With --worker-url and no token the operator's workers were
+    started without one, so none is made up for them."""
+    token = os.environ.get(TOKEN_ENV)
+    if token or config.worker_urls:
+        return token or ""
+    return secrets.token_hex(32)
 
 
 def child_environ(config: GatewayConfig, **changes) -> dict[str, str]:

@@ -27,8 +27,10 @@ import asyncpg
 import orjson
 import pytest
 
+from contract.frames import TOKEN_ENV
 from gateway.config import load_config
-from gateway.supervisor import child_environ
+from gateway.supervisor import Fleet, child_environ
+from runtime.transport.serve import MIN_TOKEN_CHARS
 from testkit.gateway_server import GatewayProcess
 from testkit.services.postgres import postgres_server
 from testkit.services.redis import redis_server
@@ -77,6 +79,21 @@ def test_a_child_resolves_the_supervisors_config_from_its_environment(monkeypatc
     env = child_environ(parent, **changes)
     assert load_config([], environ=env) == dataclasses.replace(parent, **changes)
     assert parent.prices == "deepseek-r1" and "INFERSTACK_OTLP_ENDPOINT" not in env
+
+
+def test_the_fleets_own_workers_demand_a_secret_its_gateways_hold(monkeypatch, tmp_path):
+    """Workers on loopback are reachable by every process on the host: the supervisor starts
+    its own with a fresh secret each start and gives it to its gateways alone."""
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    config = load_config(["--gateways", "2", "--workers", "2", "--fake", "--state-url",
+                          "postgresql://h/db", "--redis-url", "redis://h", "--ledger-path",
+                          str(tmp_path / "ledger.sqlite3")], environ={})
+    fleet = Fleet(config)
+    tokens = {child.env[TOKEN_ENV] for child in fleet.workers + fleet.gateways}
+    assert len(tokens) == 1 and len(next(iter(tokens))) >= MIN_TOKEN_CHARS
+    assert Fleet(config).workers[0].env[TOKEN_ENV] not in tokens  # a new one each start
+    monkeypatch.setenv(TOKEN_ENV, "the-operators-own-secret-0123456789")
+    assert Fleet(config).gateways[1].env[TOKEN_ENV] == "the-operators-own-secret-0123456789"
 
 
 def test_a_fleet_without_shared_stores_refuses_to_start():
