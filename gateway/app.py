@@ -199,7 +199,8 @@ async def _lifecycle(app: web.Application):
     await state.accounting.start()  # shared stores connect lazily: this never waits on them
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
              asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher"),
-             asyncio.create_task(_feed_loop(state), name="feed")]
+             asyncio.create_task(_feed_loop(state), name="feed"),
+             asyncio.create_task(state.loop_lag.run(state.stop), name="loop-lag")]
     if state.config.otlp_endpoint:
         tasks.append(asyncio.create_task(push_loop(
             lambda: state.metrics.registry if state.metrics else None,
@@ -271,6 +272,7 @@ def _become_ready(state: GatewayState, info: Ready) -> None:
     state.sampling_defaults = state.config.sampling_spec().resolve(info.sampling_defaults)
     state.accounting.model = state.model_name
     state.metrics = GatewayMetrics(state.model_name)
+    state.loop_lag.register(state.metrics.registry)
     state.accounting.subscribe(state.metrics.observe_settled)
     state.service = GenerationService(tokenizer, state.dispatcher, state.inflight,
                                       info.max_model_len, info.vocab_size,

@@ -17,6 +17,7 @@ from gateway.serving.queue import RequestQueue
 from gateway.serving.response_store import ResponseStore
 from gateway.serving.service import GenerationService
 from gateway.telemetry.feed import FeedHub
+from gateway.telemetry.loop_lag import LoopLag
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.snapshot import SnapshotBuilder
 from gateway.telemetry.spans import Telemetry
@@ -47,6 +48,7 @@ class GatewayState:
     model_name: str = field(init=False)  # the name reported: the first of served_names
     snapshots: SnapshotBuilder = field(init=False)  # the live feed's gauges, read from here
     started_at: float = field(default_factory=time.time)
+    loop_lag: LoopLag = field(default_factory=LoopLag)  # how long the event loop was held
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     open_responses: set = field(default_factory=set)  # streams to close on shutdown
     draining: bool = False  # SIGTERM received: admit nothing new, let in-flight finish

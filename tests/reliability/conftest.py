@@ -36,6 +36,8 @@ KEYS = [("sk-alpha", "alpha", False, False), ("sk-beta", "beta", False, False),
         ("sk-prometheus", "ops", False, False, True)]
 STATUSES = {"ok", "cancelled", "error", "rejected"}
 
+RSS_SLACK_BYTES = 20 << 20  # a case may leave the gateway this much larger (issue 33)
+
 
 def write_keys(path):
     return write_key_file(path, TENANTS, KEYS)
@@ -105,7 +107,15 @@ class Gateway(GatewayProcess):
               and g["inferstack:open_charges"] == 0)
         return ok, g
 
-    def assert_baseline(self, timeout: float = 20.0) -> None:
+    def marks(self) -> tuple[float, int]:
+        """(loop stalls so far, RSS now): what a case must not raise (`assert_baseline`)."""
+        return self.metrics(("inferstack:event_loop_stalls_total",))[
+            "inferstack:event_loop_stalls_total"], self.rss_bytes()
+
+    def assert_baseline(self, timeout: float = 20.0,
+                        since: tuple[float, int] | None = None) -> None:
+        """Healthy and nothing leaked; with `since` (`marks()` before the case) also: the
+        event loop never held over 100 ms during it, and the RSS back within 20 MB."""
         assert self.proc.poll() is None, "the gateway process died"
         deadline = time.monotonic() + timeout
         while True:
@@ -119,6 +129,19 @@ class Gateway(GatewayProcess):
         status, body = self.post_json("/v1/completions", {"prompt": "ping", "max_tokens": 2})
         assert status == 200 and body["usage"]["completion_tokens"] == 2, body
         assert_ledger_whole(self.ledger_rows())
+        if since is not None:
+            self._assert_no_stall_nor_growth(*since)
+
+    def _assert_no_stall_nor_growth(self, stalls_before: float, rss_before: int) -> None:
+        stalls, rss = self.marks()
+        assert stalls == stalls_before, \
+            f"the event loop was held over 100 ms {stalls - stalls_before:g} times"
+        deadline = time.monotonic() + 5  # freed memory returns to the system a little later
+        while rss > rss_before + RSS_SLACK_BYTES and time.monotonic() < deadline:
+            time.sleep(0.2)
+            rss = self.rss_bytes()
+        assert rss <= rss_before + RSS_SLACK_BYTES, \
+            f"the gateway grew by {(rss - rss_before) / 2**20:.1f} MiB over the case"
 
     def post_json(self, path: str, body: dict, key: str = "sk-alpha") -> tuple[int, dict]:
         async def go():
@@ -165,10 +188,13 @@ def gw(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _back_to_baseline(request):
-    """After every case on the shared gateway: healthy, and nothing leaked."""
+    """After every case on the shared gateway: healthy, nothing leaked, the loop never held,
+    the memory back."""
+    gw = request.getfixturevalue("gw") if "gw" in request.fixturenames else None
+    before = gw.marks() if gw is not None else None
     yield
-    if "gw" in request.fixturenames and getattr(request.node, "rep_call_passed", False):
-        request.getfixturevalue("gw").assert_baseline()
+    if gw is not None and getattr(request.node, "rep_call_passed", False):
+        gw.assert_baseline(since=before)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
