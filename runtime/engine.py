@@ -195,7 +195,8 @@ class LLMEngine:
         return self._emit(inflight.sched, sampled, result)
 
     def _refuse(self, request: Request, error: GrammarError) -> RequestOutput:
-        """End a request whose grammar failed to compile after admission: a refusal."""
+        """End a request whose grammar failed to compile after admission, or failed within
+        its limits mid-output: a refusal."""
         self.scheduler.finish_request(request, RequestStatus.FINISHED_REJECTED)
         self.requests.pop(request.request_id, None)
         return request_output(request, [], "", None, error={
@@ -217,6 +218,11 @@ class LLMEngine:
         now = time.monotonic()
         for request in sampled:
             tokens, text, finish = self._append(request, result.tokens[request.request_id])
+            if request.grammar is not None and request.grammar.is_error:
+                # past a parser limit mid-output: refused (a Rejected frame, nothing billed)
+                # like a grammar that did not compile, never "finished" with partial text
+                outputs.append(self._refuse(request, self.structured.broken(request)))
+                continue
             if request.first_token_time is None:
                 request.first_token_time = now
             if finish is not None:

@@ -24,7 +24,7 @@ from billing.budget import BudgetExceeded, Reservation
 from billing.keys import ApiKey
 from billing.ledger import LedgerRow
 from billing.pricing import ZERO_COST, Cost, PriceBook
-from billing.request_finished import RequestFinished
+from billing.request_finished import FAILED, RequestFinished
 from billing.stores import BudgetStore, LimitStore, StoreUnavailable
 from contract.frames import Output
 from contract.outputs import wall_clock
@@ -169,6 +169,9 @@ class Accounting:
         gen.settled_at = time.monotonic()
         self.table.move(gen, Phase.SETTLING)
         tenant = charge.key.tenant
+        if charge.statuses & set(FAILED):  # our refusal or our fault: nothing is billed
+            gen.prompt_tokens = gen.cached_tokens = gen.completion_tokens = 0
+            charge.cost = ZERO_COST  # so the row's tokens and cost agree (and are 0)
         used = gen.prompt_tokens + gen.completion_tokens
         self.limits.refund(tenant, max(0, charge.tokens_charged - used))
         self.limits.correct(tenant, charge.tokens_charged, used)

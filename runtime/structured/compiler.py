@@ -18,11 +18,13 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 
 from contract.tokenizer import Tokenizer
+from runtime.structured.bounds import JSON_OVERRIDES, bounded_schema
+from runtime.structured.finite import has_finite_instance
 
 if TYPE_CHECKING:  # the stub's TypedDict of JSON options; not importable at run time
     from llguidance._lib import JsonCompileOptions
@@ -31,12 +33,17 @@ CACHE_SIZE = 128  # compiled grammars kept (with their failures), least recently
 COMPILE_THREADS = 2
 # how generated JSON is laid out: no free whitespace (a small model would otherwise pad with
 # newlines forever) and the separators models write, which leaves keys, quotes and braces as
-# forced text for jump-forward. A schema's own "x-guidance" options may override these.
+# forced text for jump-forward. A schema's own "x-guidance" may change the separators, never
+# the whitespace (runtime/structured/bounds.py).
 JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
                                     "key_separator": ": "}
-# llguidance's own bounds on grammar size and per-token work; its errors stay short (a
-# verbose one repeats the parser state into the client's error message)
-LIMITS = dict(verbose_errors=False)
+# llguidance's bounds on the work of one mask (and of one jump-forward), which run on the step
+# loop: Earley items per step (about 20k/ms; the default 50k let one unsatisfiable schema take
+# 67 ms a mask here) and lexer fuel (about 14k/ms). A mask past them puts the matcher in error,
+# which ends its request (runtime/structured/manager.py). Errors stay short: a verbose one
+# repeats the parser state into the client's error message.
+LIMITS: dict[str, Any] = dict(verbose_errors=False, step_max_items=10_000,
+                              step_lexer_fuel=100_000)
 MAX_ERROR_CHARS = 500
 
 
@@ -73,7 +80,11 @@ def grammar_text(spec: dict) -> str:
     kind = spec["type"]
     if kind == "json":
         schema = spec.get("schema", {"type": "object"})
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        if not has_finite_instance(schema):
+            raise ValueError("no finite JSON value matches the schema (a required property or "
+                             "item refers back to a schema that contains it)")
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            bounded_schema(schema), defaults=JSON_OPTIONS, overrides=JSON_OVERRIDES)
     if kind == "regex":
         return llguidance.LLMatcher.grammar_from_regex(spec["pattern"])
     if kind == "choice":
@@ -92,7 +103,27 @@ def compile_grammar(tokenizer: llguidance.LLTokenizer, spec: dict) -> CompiledGr
     prototype = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
     if prototype.is_error():
         raise ValueError(prototype.get_error())
+    check_start(prototype)
     return CompiledGrammar(grammar, prototype)
+
+
+def check_start(prototype: llguidance.LLMatcher) -> None:
+    """Raise ValueError if the grammar's first mask or its forced start fails within LIMITS: a
+    grammar forcing endless text (`start: "a" start`) is refused here, in the pool, not
+    found by a request's first step. A copy is probed: the prototype stays unadvanced."""
+    probe = prototype.deep_copy()
+    probe.compute_bitmask()
+    forced = [] if probe.is_error() else probe.compute_ff_tokens()
+    if not probe.is_error() and forced:
+        probe.consume_tokens(forced)
+    if probe.is_error():
+        raise ValueError(f"its output cannot be computed within this server's limits "
+                         f"({first_line(probe.get_error())})")
+
+
+def first_line(error: str) -> str:
+    """llguidance's message without its trailer (`<non-verbose/>`)."""
+    return error.strip().splitlines()[0] if error.strip() else "error"
 
 
 def mask_vocab_size(tokenizer: Tokenizer, vocab_size: int) -> int:

@@ -4,7 +4,9 @@ can run, and the forced tokens to append after a request's new tokens (jump-forw
 
 A request whose compile fails after `add_request` returned is handed back by `poll` with its
 error; the engine finishes it as "rejected" and the worker sends that as a `Rejected` frame,
-the same refusal a bad request gets at once.
+the same refusal a bad request gets at once. So does a request whose matcher fails mid-output
+(`broken`: llguidance's per-step limits, compiler.LIMITS), instead of ending "error" with
+text that matches nothing.
 """
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from typing import TYPE_CHECKING
 
 from contract.errors import InvalidRequestError
 from contract.structured_spec import spec_param
-from runtime.structured.compiler import CompiledGrammar, GrammarCompiler, mask_vocab_size
+from runtime.structured.compiler import (
+    CompiledGrammar,
+    GrammarCompiler,
+    first_line,
+    mask_vocab_size,
+)
 from runtime.structured.masks import MaskMaker
 from runtime.structured.matcher import GrammarState
 
@@ -88,6 +95,14 @@ class StructuredOutputs:
         if not grammar.start(result, request.output_token_ids):
             return self._error(grammar.param, "the tokens already generated do not match it")
         return None
+
+    def broken(self, request: Request) -> GrammarError:
+        """The refusal of a request whose matcher failed mid-output (a mask or jump-forward
+        past llguidance's per-step limits)."""
+        grammar = request.grammar
+        assert grammar is not None
+        return self._error(grammar.param, "its output could not be computed within this "
+                                          f"server's limits ({first_line(grammar.error)})")
 
     def wait(self, timeout: float) -> None:
         """Block until a pending compile finishes or `timeout` passes: for steps with nothing

@@ -58,4 +58,5 @@ class GrammarState:
             return []
         if m.is_stopped():
             return [eos_token_id]
-        return m.compute_ff_tokens()[:room]
+        forced = m.compute_ff_tokens()[:room]
+        return [] if m.is_error() else forced  # past its limits: the engine refuses it
