@@ -9,6 +9,8 @@
     budget_period = "day"         # day | month | total (UTC)
     models = ["*"]
     shared_cache = false          # may opt requests into the shared prefix-cache namespace
+    max_running_share = 0.5       # most of the fleet's running slots it holds while others
+                                  # wait, in (0, 1]; unset: --tenant-max-running-share
 
     [[keys]]
     sha256 = "<hex of sha256(key)>"   # python -m billing.keys hash KEY
@@ -48,6 +50,7 @@ class Tenant:
     budget_period: str = "day"
     models: tuple[str, ...] = ("*",)
     shared_cache: bool = False
+    max_running_share: float | None = None  # None: the gateway's --tenant-max-running-share
 
     def allows_model(self, names: tuple[str, ...]) -> bool:
         """May use the model served under `names` (its name and aliases): one listed is enough."""
@@ -154,7 +157,8 @@ def _tenant(name: str, t: dict, where: str, served: tuple[str, ...] | None) -> T
                         budget_usd=float(t.get("budget_usd", 0)),
                         budget_period=str(t.get("budget_period", "day")),
                         models=_models(t.get("models", ["*"])),
-                        shared_cache=bool(t.get("shared_cache", False)))
+                        shared_cache=bool(t.get("shared_cache", False)),
+                        max_running_share=_share(t.get("max_running_share")))
     except (TypeError, ValueError) as exc:
         raise KeyFileError(f"{where}: tenant {name!r}: {exc}") from None
     if tenant.weight <= 0:
@@ -168,6 +172,15 @@ def _tenant(name: str, t: dict, where: str, served: tuple[str, ...] | None) -> T
         raise KeyFileError(f"{where}: tenant {name!r}: models {unknown_models} are not served "
                            f"here (served: {', '.join(served or ())}; see --served-model-name)")
     return tenant
+
+
+def _share(value) -> float | None:
+    """A share of the running batch: a number in (0, 1], or None when not set."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"max_running_share must be a number in (0, 1], not {value!r}")
+    return float(value)
 
 
 def _models(value) -> tuple[str, ...]:

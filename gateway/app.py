@@ -125,7 +125,8 @@ def _create_workers(app: web.Application, config: GatewayConfig, queue: RequestQ
         return _create_pd_workers(app, config, queue, inflight, events)
     workers = [_worker(config, i, config.worker_argv(), events) for i in range(config.workers)]
     workers += _remote_workers(config, events, len(workers))
-    return workers, Dispatcher(workers, queue, inflight, config.affinity_margin)
+    return workers, Dispatcher(workers, queue, inflight, config.affinity_margin,
+                               tenant_max_running_share=config.tenant_max_running_share)
 
 
 def _create_pd_workers(app: web.Application, config: GatewayConfig, queue: RequestQueue,
@@ -149,7 +150,8 @@ def _create_pd_workers(app: web.Application, config: GatewayConfig, queue: Reque
     workers = [_worker(config, i, argv + extra, events, env)
                for i in range(num_prefill + num_decode)]
     return workers, Dispatcher(workers[:num_prefill], queue, inflight, config.affinity_margin,
-                               workers[num_prefill:])
+                               workers[num_prefill:],
+                               tenant_max_running_share=config.tenant_max_running_share)
 
 
 def _worker(config: GatewayConfig, index: int, argv: list[str], events: WorkerEvents,

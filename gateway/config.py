@@ -42,6 +42,7 @@ class GatewayConfig:
     threads_per_worker: int = 0  # torch threads per CPU worker; 0: cores / workers
     max_queue: int = 1024  # requests waiting in the gateway before 429
     aging_seconds: float = 30.0  # waiting this long improves a request by one priority class
+    tenant_max_running_share: float = 0.5  # of the fleet's slots a tenant holds while others wait
     affinity_margin: float = 0.25  # prefer the prefix's worker unless busier by this load
     max_body_bytes: int = 4 << 20
     default_max_tokens: int | None = None  # None: the rest of the context
@@ -118,6 +119,8 @@ class GatewayConfig:
 
     def check_fleet(self) -> None:
         """Worker and gateway counts that cannot work stop the start with the reason."""
+        if not 0 < self.tenant_max_running_share <= 1:
+            raise SystemExit("--tenant-max-running-share must be in (0, 1]")
         if self.workers < 0 or self.gateways < 1:
             raise SystemExit("--workers must be 0 or more and --gateways 1 or more")
         if self.workers == 0 and not self.worker_urls and not self.pd:
@@ -222,6 +225,11 @@ HELP = {
     "threads_per_worker": "torch threads per CPU worker (0: cores divided by workers)",
     "max_queue": "requests that may wait in the gateway before 429",
     "aging_seconds": "seconds of waiting that raise a request by one priority class",
+    "tenant_max_running_share": "share of the fleet's running slots (max-num-seqs x workers) "
+                                "one tenant may hold while another tenant's request waits; a "
+                                "tenant over it is preempted for a waiting tenant under its "
+                                "own, and one alone may use them all (a key file's "
+                                "max_running_share overrides it per tenant)",
     "affinity_margin": "load margin within which the prefix's worker is preferred",
     "max_body_bytes": "largest request body accepted (413 above)",
     "default_max_tokens": "output budget when a request gives none (default: rest of context)",

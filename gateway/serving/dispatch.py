@@ -16,6 +16,25 @@ the worker's scheduler preempts that request, which resumes later with its outpu
 A draining worker (`draining`, gateway/serving/worker_pool.py) is given nothing new, not even
 by preemption: its running requests finish and it leaves the pool.
 
+A tenant's share of the running batch: each tenant may hold at most `max_running_share` (its
+key file's, else the gateway's `tenant_max_running_share`) of the fleet's request slots while
+another tenant's request waits. Fair share orders the queue only; without a cap, a tenant
+that filled every slot would make another tenant's first request wait for one of its requests
+to finish. Two mechanisms, both work-conserving (a tenant alone may use the whole batch):
+- passing over: a tenant at its cap has its entries passed over (they keep their places) for
+  the first entry of a tenant under its cap; when every waiting tenant is at its cap, the
+  first in line goes. The queue keeps one line per tenant, so this costs a look per tenant at
+  its cap (few: each holds a share of the slots), never a scan of the queue.
+- preemption for a share: when no worker has room, a job of a tenant under its cap goes to the
+  worker where tenants over their caps run the most, one priority class more urgent there than
+  its own, so that worker's scheduler preempts its least urgent, latest request (which resumes
+  later with its output unchanged) and the job starts within a step. Only requests of the
+  job's class or less urgent are preempted, at most `max_num_seqs` wait on a worker that way,
+  and a tenant's preempting jobs stop at its cap. The tenant over its cap keeps its count until
+  its requests end, so it is passed over until it is back under.
+Running sequences are counted per tenant by the in-flight table (`InFlightTable.slots`), from
+dispatch until the bill settles. With disaggregation only the passing over applies.
+
 With prefill/decode disaggregation (`decode_workers` given), dispatch has two stages: a job
 goes to a prefill worker (prefix affinity among those with the least prompt tokens in
 flight), which computes the prompt's KV and streams the first token; then `handoff` moves
@@ -28,6 +47,7 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import math
 import time
 
 from contract.frames import AbortRequest, ExportKV, ImportKV, KvEvents, Output
@@ -39,6 +59,7 @@ from gateway.workers.prefix_index import PrefixHashes, PrefixIndex, cache_model_
 
 log = logging.getLogger(__name__)
 LOOP_TICK_SECONDS = 0.05
+DEFAULT_RUNNING_SHARE = 0.5  # of the fleet's slots, per tenant: two tenants get half each
 
 
 class DispatchFailed(Exception):
@@ -53,7 +74,8 @@ def rendezvous_score(key: bytes, worker_index: int) -> bytes:
 class Dispatcher:
     def __init__(self, workers: list[WorkerHandle], queue: RequestQueue, table: InFlightTable,
                  affinity_margin: float = 0.25,
-                 decode_workers: list[WorkerHandle] | None = None, prefix_routing: bool = True):
+                 decode_workers: list[WorkerHandle] | None = None, prefix_routing: bool = True,
+                 tenant_max_running_share: float = DEFAULT_RUNNING_SHARE):
         self.workers = workers  # with disaggregation: the prefill workers
         self.queue = queue
         self.table = table
@@ -68,6 +90,8 @@ class Dispatcher:
         self.loop_errors = 0  # exceptions the loop caught and survived
         self.draining: set[int] = set()  # worker indices given no new requests
         self.worker_time = WorkerSeconds(len(self.workers) + len(self.decode_workers))
+        self.tenant_max_running_share = tenant_max_running_share  # a tenant's default cap
+        self._shares: dict[str, float | None] = {}  # tenant -> its key file's share, if any
 
     @property
     def disaggregated(self) -> bool:
@@ -83,7 +107,9 @@ class Dispatcher:
     # ---- admission ----------------------------------------------------------------------
     def enqueue(self, job: InFlightRequest, virtual_start: float | None = None) -> None:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
-        job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start)
+        job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start,
+                               tenant=job.tenant)
+        self._shares[job.tenant] = job.running_share  # the latest key file's, after a SIGHUP
         displaced = self.queue.push(job.entry)
         if displaced is not None and not displaced.payload.assigned.done():
             # a more urgent job took its place: it is refused as if the queue had been full
@@ -94,6 +120,7 @@ class Dispatcher:
         """The client left: drop the job from the queue (True), or abort it on its worker
         (False: the worker's final outputs still arrive and are billed)."""
         if job.entry is not None and self.queue.remove(job.entry):
+            job.entry = None  # record and entry point at each other: freed without the GC
             if not job.assigned.done():
                 job.assigned.cancel()
             return True
@@ -132,33 +159,51 @@ class Dispatcher:
         return time.monotonic() - self.last_tick < stale_seconds
 
     def dispatch_ready(self) -> int:
-        """Assign as many queued jobs, in order, as the workers can take now."""
+        """Assign as many queued jobs, in order (tenants at their cap passed over), as the
+        workers can take now."""
         assigned = 0
         if self.pending_handoffs:
             pending, self.pending_handoffs = self.pending_handoffs, []
             for prefill, out in pending:
                 self.handoff(prefill, out)
-        while (entry := self.queue.peek()) is not None:
+        slots, capped = self.fleet_slots(), set[str]()
+        while (entry := self._next_entry(slots, capped)) is not None:
             job: InFlightRequest = entry.payload
+            worker_priority = None
             try:
                 worker = self.choose(job) or self.choose_by_preemption(job)
+                if worker is None and (worker := self.choose_for_share(job, slots)):
+                    worker_priority = job.priority - 1  # see choose_for_share
             except Exception as exc:  # noqa: BLE001 - this job's own fault, not the queue's
-                self.queue.pop()
+                self.queue.pop(entry)
                 self._fail(job, exc)
                 continue
             if worker is None:
                 break
-            self.queue.pop()
-            self._submit(job, worker)
+            self.queue.pop(entry)
+            self._submit(job, worker, worker_priority)
             assigned += 1
         return assigned
 
-    def _submit(self, job: InFlightRequest, worker: WorkerHandle) -> None:
+    def _next_entry(self, slots: int, capped: set[str]) -> QueueEntry | None:
+        """The first entry whose tenant is under its cap, passing over (and adding to
+        `capped`, kept for the round: counts only grow within it) the tenants at theirs;
+        when every waiting tenant is at its cap, the first in line (work-conserving)."""
+        while (entry := self.queue.peek(capped)) is not None:
+            if not self.at_cap(entry.tenant, slots):
+                return entry
+            capped.add(entry.tenant)
+        return self.queue.peek()
+
+    def _submit(self, job: InFlightRequest, worker: WorkerHandle,
+                worker_priority: int | None = None) -> None:
         """Send every sub-request of the job, or none: the worker encodes all frames before it
-        counts anything as in flight. Never raises; a failure fails this job alone."""
+        counts anything as in flight. Never raises; a failure fails this job alone. The
+        worker's placement keeps the job's own priority whatever `worker_priority` it runs
+        at, so preemption by class (`choose_by_preemption`) still compares real classes."""
         try:
-            worker.submit(job.add_messages(self.disaggregated), job.stream, job.priority,
-                          len(job.prompt))
+            worker.submit(job.add_messages(self.disaggregated, worker_priority), job.stream,
+                          job.priority, len(job.prompt))
         except Exception as exc:  # noqa: BLE001 - see _fail
             self._fail(job, exc)
             return
@@ -166,6 +211,41 @@ class Dispatcher:
         self.table.move(job, Phase.DISPATCHED)
         if not job.assigned.done():
             job.assigned.set_result(worker)
+
+    # ---- a tenant's share of the running batch ---------------------------------------------
+    def fleet_slots(self) -> int:
+        """Request slots of the workers that take new requests."""
+        return sum(w.max_num_seqs for w in self.workers
+                   if w.alive and w.index not in self.draining)
+
+    def cap_of(self, tenant: str, slots: int) -> int:
+        """The most sequences `tenant` may run while another tenant waits (at least one)."""
+        share = self._shares.get(tenant)
+        share = self.tenant_max_running_share if share is None else share
+        return max(1, math.floor(share * slots + 1e-9))
+
+    def at_cap(self, tenant: str, slots: int) -> bool:
+        return self.table.slots.total[tenant] >= self.cap_of(tenant, slots)
+
+    def choose_for_share(self, job: InFlightRequest, slots: int) -> WorkerHandle | None:
+        """No worker has room: the worker where tenants over their caps run the most, if the
+        job's tenant is under its own and the worker runs nothing more urgent than the job
+        (its least urgent class is the job's or less urgent: a bulk job never preempts an
+        interactive one). The job runs there one class more urgent than its own, so the
+        worker's scheduler preempts its least urgent, latest request for it."""
+        if self.disaggregated or self.at_cap(job.tenant, slots):
+            return None
+        best, most = None, 0
+        for w in self.workers:
+            least = w.least_urgent_priority() if w.alive and w.index not in self.draining \
+                else None
+            if least is None or least < job.priority or w.num_inflight >= 2 * w.max_num_seqs:
+                continue  # nothing preemptible there, or max_num_seqs preempted already wait
+            over = sum(k for t, k in self.table.slots.on.get(w.index, {}).items()
+                       if t != job.tenant and self.table.slots.total[t] > self.cap_of(t, slots))
+            if over > most:
+                best, most = w, over
+        return best
 
     def _fail(self, job: InFlightRequest, exc: Exception) -> None:
         """The job's waiter gets the error (the service then settles its bill as an error)."""

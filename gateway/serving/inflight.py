@@ -9,7 +9,8 @@ what it produced and what it costs. Its phase moves only through `InFlightTable.
 (any phase before settling may settle at once: refused, cancelled, lost). Settling means the
 bill is final and its ledger row is on its way; done means the row is committed (or there is
 none to write). The table also maps each engine request id (one per choice) to its record,
-which is how worker outputs find their request.
+which is how worker outputs find their request, and counts the sequences each tenant runs,
+which the dispatcher's per-tenant share of the running batch reads.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import asyncio
 import dataclasses
 import hashlib
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -114,9 +115,22 @@ class InFlightRequest:
             return params
         return dataclasses.replace(params, seed=choice_seed(params.seed, i))
 
-    def add_messages(self, prefill_only: bool = False) -> list[AddRequest]:
-        """The worker's "add" frame of every choice."""
-        return [AddRequest(sub_id, self.prompt, self.sub_params(i), self.priority, self.salt,
+    @property
+    def tenant(self) -> str:
+        """Whose request it is ("" before admission charged it: tests, the fleet simulator)."""
+        return self.charge.key.tenant.name if self.charge is not None else ""
+
+    @property
+    def running_share(self) -> float | None:
+        """Its tenant's cap on the running batch, from the key file (None: the gateway's)."""
+        return self.charge.key.tenant.max_running_share if self.charge is not None else None
+
+    def add_messages(self, prefill_only: bool = False,
+                     worker_priority: int | None = None) -> list[AddRequest]:
+        """The worker's "add" frame of every choice; `worker_priority` replaces the request's
+        priority on the worker only (the dispatcher's preemption for a tenant's share)."""
+        priority = self.priority if worker_priority is None else worker_priority
+        return [AddRequest(sub_id, self.prompt, self.sub_params(i), priority, self.salt,
                            prefill_only) for i, sub_id in enumerate(self.sub_ids)]
 
     def affinity_key(self) -> bytes:
@@ -133,12 +147,43 @@ class IllegalTransition(Exception):
     pass
 
 
+class TenantSlots:
+    """Sequences (choices) each tenant has on workers, from dispatch until its bill settles,
+    on the whole fleet and per worker: O(1) reads for the dispatcher's per-tenant cap. A
+    tenant with none has no key, so the maps hold only tenants running something."""
+
+    def __init__(self) -> None:
+        self.total: Counter = Counter()  # tenant -> sequences
+        self.on: dict[int, Counter] = defaultdict(Counter)  # worker index -> tenant -> seqs
+
+    def hold(self, rec: InFlightRequest) -> None:
+        self.total[rec.tenant] += rec.n
+        if rec.worker is not None:
+            self.on[rec.worker.index][rec.tenant] += rec.n
+
+    def release(self, rec: InFlightRequest) -> None:
+        _take(self.total, rec.tenant, rec.n)
+        if rec.worker is not None and rec.worker.index in self.on:
+            on = self.on[rec.worker.index]
+            _take(on, rec.tenant, rec.n)
+            if not on:
+                del self.on[rec.worker.index]
+
+
+def _take(counts: Counter, key: str, n: int) -> None:
+    counts[key] -= n
+    if counts[key] <= 0:
+        del counts[key]
+
+
 class InFlightTable:
-    """Every request in flight, by engine request id, with the count in each phase."""
+    """Every request in flight, by engine request id, with the count in each phase and the
+    sequences each tenant runs (`slots`)."""
 
     def __init__(self):
         self._by_engine_id: dict[str, InFlightRequest] = {}
         self.phases: Counter = Counter()
+        self.slots = TenantSlots()
 
     def move(self, rec: InFlightRequest, phase: Phase) -> None:
         """The one way a request changes phase (IllegalTransition if `NEXT` forbids it)."""
@@ -149,6 +194,10 @@ class InFlightTable:
                 self._by_engine_id[sub_id] = rec
         else:
             self.phases[rec.phase] -= 1
+        if phase is Phase.DISPATCHED:
+            self.slots.hold(rec)
+        elif phase is Phase.SETTLING and rec.phase in (Phase.DISPATCHED, Phase.STREAMING):
+            self.slots.release(rec)  # ended, on its worker or lost with it
         if phase is Phase.SETTLING:  # its outputs are all in: nothing more to route
             for sub_id in rec.sub_ids:
                 self._by_engine_id.pop(sub_id, None)

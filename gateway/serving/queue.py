@@ -1,22 +1,28 @@
-"""The gateway's bounded priority queue, with aging, on the CPU.
+"""The gateway's bounded priority queue, with aging and one line per tenant, on the CPU.
 
-Order: priority class first (lower is more urgent), arrival second. Aging: a request's
-effective priority improves by one class every `aging_seconds` it waits, so low priority never
-starves. When the queue is full, a request more urgent (by that aged order) than the last in
-line takes its place, and the displaced one is refused with 429 as if it had come too late,
-so a burst of bulk traffic never locks urgent requests out. Because every waiting entry ages at
-the same rate, the order is fixed at insertion:
-the key priority * aging_seconds + arrival sorts exactly like the aged priority at any moment,
-so a plain heap serves (O(log n) push and pop, O(1) lazy removal).
+Order: priority class first (lower is more urgent), fair-share start second (the arrival when
+none). Aging: a request's effective priority improves by one class every `aging_seconds` it
+waits, so low priority never starves. When the queue is full, a request more urgent (by that
+aged order) than the last in line takes its place, and the displaced one is refused with 429
+as if it had come too late, so a burst of bulk traffic never locks urgent requests out.
+Because every waiting entry ages at the same rate, the order is fixed at insertion: the key
+priority * aging_seconds + start sorts exactly like the aged priority at any moment.
+
+Each tenant's entries wait in a heap of their own, and the tenants' lines in a heap by their
+first entries, so the queue pops in the one global order, and the dispatcher can pass over a
+tenant holding its share of the running batch (`peek(skip)`) without scanning that tenant's
+entries. Both heaps are indexed (every item knows its place): a client that leaves takes its
+entry out at once, O(log n), so the queue holds exactly its live entries, their memory is
+freed while the line is blocked, and `max_queue` bounds what it holds.
 """
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gateway.serving.inflight import InFlightRequest
@@ -37,16 +43,87 @@ class QueueEntry:
     payload: InFlightRequest  # what waits
     arrival: float = field(default_factory=time.monotonic)
     virtual_start: float | None = None  # fair-share start time; None: the arrival
+    tenant: str = ""  # whose line it waits in
     key: float = 0.0
-    removed: bool = False  # left the line before its turn (its client went away)
+    seq: int = 0  # ties in `key` go to the earlier push
+    pos: int = -1  # its index in its tenant's heap
     queued: bool = False
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return self.key, self.seq
+
+
+class _Heap:
+    """A binary min-heap of items with `order` and `pos` (their index here, kept current), so
+    any item can be taken out, or re-placed after its order changed, in O(log n)."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def peek(self) -> Any:
+        return self.items[0] if self.items else None
+
+    def push(self, item) -> None:
+        item.pos = len(self.items)
+        self.items.append(item)
+        self._up(item.pos)
+
+    def remove(self, item) -> None:
+        i, last = item.pos, self.items.pop()
+        item.pos = -1
+        if last is not item:  # the last item fills the hole, then finds its place
+            self.items[i], last.pos = last, i
+            self.fix(i)
+
+    def fix(self, i: int) -> None:
+        self._down(self._up(i))
+
+    def _up(self, i: int) -> int:
+        items = self.items
+        while i > 0 and items[i].order < items[(i - 1) // 2].order:
+            self._swap(i, (i - 1) // 2)
+            i = (i - 1) // 2
+        return i
+
+    def _down(self, i: int) -> None:
+        items, n = self.items, len(self.items)
+        while (child := 2 * i + 1) < n:
+            if child + 1 < n and items[child + 1].order < items[child].order:
+                child += 1
+            if items[i].order <= items[child].order:
+                return
+            self._swap(i, child)
+            i = child
+
+    def _swap(self, i: int, j: int) -> None:
+        items = self.items
+        items[i], items[j] = items[j], items[i]
+        items[i].pos, items[j].pos = i, j
+
+
+class _Line:
+    """One tenant's waiting entries; ordered among tenants by its first entry."""
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.entries = _Heap()
+        self.pos = -1
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return self.entries.items[0].order
 
 
 class RequestQueue:
     def __init__(self, max_size: int, aging_seconds: float = 30.0):
         self.max_size = max_size
         self.aging_seconds = aging_seconds
-        self._heap: list[tuple[float, int, QueueEntry]] = []
+        self._lines: dict[str, _Line] = {}  # tenant -> its waiting entries
+        self._heads = _Heap()  # the lines, by their first entries
         self._count = itertools.count()
         self._size = 0
         self._drain_times: list[float] = []  # recent dequeue times, for Retry-After
@@ -61,37 +138,61 @@ class RequestQueue:
         entry comes before it, else raise QueueFull."""
         start = entry.arrival if entry.virtual_start is None else entry.virtual_start
         entry.key = entry.priority * self.aging_seconds + start
+        entry.seq = next(self._count)
         displaced = None
         if self._size >= self.max_size:
-            last = max(self.waiting(), key=lambda e: e.key, default=None)
+            last = max(self.waiting(), key=lambda e: e.order, default=None)
             if last is None or entry.key >= last.key:
                 raise QueueFull(self.retry_after())
             self.remove(last)
             displaced = last
-        heapq.heappush(self._heap, (entry.key, next(self._count), entry))
+        line = self._lines.get(entry.tenant)
+        if line is None:
+            line = self._lines[entry.tenant] = _Line(entry.tenant)
+            line.entries.push(entry)
+            self._heads.push(line)
+        else:
+            line.entries.push(entry)
+            if entry.pos == 0:  # the tenant's new first entry: its line moves up
+                self._heads.fix(line.pos)
         entry.queued = True
         self._size += 1
         return displaced
 
-    def peek(self) -> QueueEntry | None:
-        self._drop_removed()
-        return self._heap[0][2] if self._heap else None
+    def peek(self, skip: Collection[str] = ()) -> QueueEntry | None:
+        """The first entry in line, passing over the lines of the tenants in `skip` (their
+        entries keep their places): O(len(skip) log tenants)."""
+        held = []
+        while (line := self._heads.peek()) is not None and line.tenant in skip:
+            self._heads.remove(line)
+            held.append(line)
+        for passed in held:
+            self._heads.push(passed)
+        return line.entries.peek() if line is not None else None
 
-    def pop(self) -> QueueEntry:
-        self._drop_removed()
-        entry = heapq.heappop(self._heap)[2]
-        entry.queued = False
-        self._size -= 1
+    def pop(self, entry: QueueEntry | None = None) -> QueueEntry:
+        """Take `entry` (by default the first in line) for a worker."""
+        entry = entry if entry is not None else self.peek()
+        if entry is None or not self.remove(entry):
+            raise IndexError("pop from an empty queue")
         self._note_drain()
         return entry
 
     def remove(self, entry: QueueEntry) -> bool:
-        """Drop a waiting entry (its client left); False if it was already dequeued."""
-        if entry.removed or not entry.queued:
+        """Take a waiting entry out of line now; False if it was not in line."""
+        if not entry.queued:
             return False
-        entry.removed = True
+        line = self._lines[entry.tenant]
+        was_first = entry.pos == 0
+        line.entries.remove(entry)
+        if not line.entries:
+            self._heads.remove(line)
+            del self._lines[entry.tenant]
+        elif was_first:
+            self._heads.fix(line.pos)
         entry.queued = False
         self._size -= 1
+        self._ranks.pop(entry, None)  # a stale ranking must not keep it alive either
         return True
 
     def __contains__(self, entry: QueueEntry) -> bool:
@@ -99,7 +200,7 @@ class RequestQueue:
 
     def waiting(self) -> list[QueueEntry]:
         """Entries still in line, in no particular order."""
-        return [e for _, _, e in self._heap if e.queued]
+        return [e for line in self._lines.values() for e in line.entries.items]
 
     def position(self, entry: QueueEntry) -> int | None:
         """0-based place in line (how many entries will leave before it), from a ranking of
@@ -108,14 +209,10 @@ class RequestQueue:
         cost O(n log n) per RANK_TTL instead of a scan per client (O(n^2))."""
         now = time.monotonic()
         if now - self._ranked_at > RANK_TTL:
-            line = sorted(self.waiting(), key=lambda e: e.key)
+            line = sorted(self.waiting(), key=lambda e: e.order)
             self._ranks = {e: i for i, e in enumerate(line)}
             self._ranked_at = now
         return self._ranks.get(entry)
-
-    def _drop_removed(self) -> None:
-        while self._heap and self._heap[0][2].removed:
-            heapq.heappop(self._heap)
 
     # ---- Retry-After from the drain rate ------------------------------------------------
     def _note_drain(self) -> None:
