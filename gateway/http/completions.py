@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import cast
 
 from aiohttp import web
 
@@ -11,6 +12,7 @@ from gateway.errors import APIError
 from gateway.http.error_middleware import json_response
 from gateway.http.sse import SSEStream
 from gateway.openai.responses import ChoiceResult, chat_response, completion_response, usage_dict
+from gateway.openai.schema.answers import Cost, FinishReason, Usage
 from gateway.openai.stream_chunker import StreamChunker
 from gateway.openai.tool_stream import collect, finish_reason, reader_for
 from gateway.serving.accounting import wait_committed
@@ -49,9 +51,14 @@ def response_headers(gen: InFlightRequest) -> dict:
     return {"x-request-id": gen.request_id, "x-queue-seconds": f"{gen.queue_seconds:.6f}"}
 
 
-def usage_of(gen: InFlightRequest) -> dict:
-    extra = {"cost": gen.charge.cost.as_dict()} if gen.charge is not None else None
-    return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens, extra)
+def usage_of(gen: InFlightRequest) -> Usage:
+    """The request's usage, with its cost when it was priced (billing's dict is the Cost shape;
+    billing imports nothing of the gateway, so it is named here)."""
+    if gen.charge is None:
+        return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens)
+    cost = cast(Cost, gen.charge.cost.as_dict())
+    return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
+                      {"cost": cost})
 
 
 class StreamGuard:
@@ -191,8 +198,9 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
         if reader is not None:  # the stream's reader, fed the whole text: the same answer
             text, calls = collect(reader, text)
             reason = finish_reason(reason, reader)
-        choices.append(ChoiceResult(i, text, reason, logprobs[i] if wants_logprobs else None,
-                                    offset, prompt_logprobs.get(i), calls))
+        choices.append(ChoiceResult(i, text, cast(FinishReason, reason),
+                                    logprobs[i] if wants_logprobs else None, offset,
+                                    prompt_logprobs.get(i), calls))
     build = chat_response if req.kind == "chat" else completion_response
     body = build(gen.request_id, state.model_name, gen.created, choices, usage_of(gen))
     return json_response(body, headers=response_headers(gen))

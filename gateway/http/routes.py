@@ -19,6 +19,7 @@ from gateway.http.responses_route import add_responses_routes
 from gateway.http.tokenize_route import add_tokenize_routes
 from gateway.http.websocket import websocket_handler
 from gateway.openai.requests import parse_request
+from gateway.openai.schema.answers import ModelList
 from gateway.serving.admission import admit
 from gateway.state import STATE
 
@@ -68,12 +69,13 @@ async def models(request: web.Request):
     does for omitted sampling fields."""
     state = request.app[STATE]
     service = state.service
-    return json_response({"object": "list", "data": [
+    body: ModelList = {"object": "list", "data": [
         {"id": name, "object": "model", "created": int(state.started_at),
          "owned_by": "inferstack", "root": state.model_root, "parent": None,
          "max_model_len": service.max_model_len if service is not None else None,
          "sampling_defaults": state.sampling_defaults if service is not None else None}
-        for name in state.served_names]})
+        for name in state.served_names]}
+    return json_response(body)
 
 
 async def health(request: web.Request):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from gateway.openai.schema.answers import ToolCallDelta
 from gateway.openai.tools import new_call_id
 
 _WS = " \t\n\r"
@@ -21,19 +22,19 @@ _LITERAL = frozenset("-+.0123456789eEtrufalsn")  # the characters of numbers, tr
 @dataclass
 class Parsed:
     content: str = ""
-    tool_calls: list[dict] = field(default_factory=list)  # delta.tool_calls entries, in order
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)  # delta.tool_calls, in order
 
     def extend(self, other: Parsed) -> None:
         self.content += other.content
         self.tool_calls += other.tool_calls
 
 
-def header_entry(index: int, call_id: str, name: str) -> dict:
+def header_entry(index: int, call_id: str, name: str) -> ToolCallDelta:
     return {"index": index, "id": call_id, "type": "function",
             "function": {"name": name, "arguments": ""}}
 
 
-def arguments_entry(index: int, text: str) -> dict:
+def arguments_entry(index: int, text: str) -> ToolCallDelta:
     return {"index": index, "function": {"arguments": text}}
 
 

@@ -103,15 +103,15 @@ def parse_request(kind: str, body: Any, defaults: Defaults = NO_DEFAULTS) -> Gen
 
 
 def parse_chat_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
-    return _generation(read(ChatCompletionRequest, body), defaults)
+    return generation_request(read(ChatCompletionRequest, body), defaults)
 
 
 def parse_completion_request(body: Any, defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
-    return _generation(read(CompletionRequest, body), defaults)
+    return generation_request(read(CompletionRequest, body), defaults)
 
 
-def _generation(req: ChatCompletionRequest | CompletionRequest,
-                defaults: Defaults) -> GenerationRequest:
+def generation_request(req: ChatCompletionRequest | CompletionRequest,
+                       defaults: Defaults = NO_DEFAULTS) -> GenerationRequest:
     """The validated body's request, after the runtime's own check of its sampling fields."""
     fields = generation_fields(req, defaults)
     try:
@@ -122,7 +122,8 @@ def _generation(req: ChatCompletionRequest | CompletionRequest,
 
 
 __all__ = ["APIError", "GenerationRequest", "parse_request", "parse_chat_request",
-           "parse_completion_request", "ChoiceResult", "LogprobToken", "StreamChunker",
-           "chat_chunk", "chat_logprobs", "chat_response", "chat_usage_chunk", "completion_chunk",
-           "completion_logprobs", "completion_response", "completion_usage_chunk", "new_id",
-           "usage_dict", "MAX_N", "MAX_MESSAGES", "MAX_CONTENT_PARTS", "ROLES"]
+           "parse_completion_request", "generation_request", "ChoiceResult", "LogprobToken",
+           "StreamChunker", "chat_chunk", "chat_logprobs", "chat_response", "chat_usage_chunk",
+           "completion_chunk", "completion_logprobs", "completion_response",
+           "completion_usage_chunk", "new_id", "usage_dict", "MAX_N", "MAX_MESSAGES",
+           "MAX_CONTENT_PARTS", "ROLES"]

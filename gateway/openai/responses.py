@@ -2,6 +2,8 @@
 
 The caller serialises with orjson. Every builder returns every key OpenAI's own server returns
 (null where unknown), so strict clients (the openai SDK, load testers) parse them unchanged.
+Each is typed by its TypedDict in gateway/openai/schema/answers.py (the shapes /openapi.json
+describes): mypy checks the builders against them, and at run time they are the same dicts.
 
 Logprobs arrive already decoded to text (`LogprobToken`): the gateway owns the tokenizer and
 decodes token ids once, so these builders stay pure and need no model.
@@ -14,8 +16,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.openai.schema.answers import (
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
     ChatLogprobs,
+    ChatMessage,
+    ChunkDelta,
+    Completion,
+    CompletionChoice,
     CompletionLogprobs,
+    FinishReason,
+    ToolCall,
+    Usage,
+    UsageExtra,
 )
 
 # JSON has no -inf; OpenAI reports an impossible token with this floor instead
@@ -48,11 +61,11 @@ class ChoiceResult:
 
     index: int
     text: str | None
-    finish_reason: str | None
+    finish_reason: FinishReason
     logprobs: Sequence[LogprobToken] | None = None
     text_offset: int = 0
     prompt_logprobs: list | None = None  # vLLM's shape (prompt_logprobs_entries), when asked
-    tool_calls: list[dict] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 def prompt_logprobs_entries(entries: Sequence, token_text) -> list:
@@ -84,11 +97,11 @@ def new_id(kind: str) -> str:
 
 
 def usage_dict(prompt_tokens: int, cached_tokens: int, completion_tokens: int,
-               extra: dict | None = None) -> dict:
-    """OpenAI's usage object; `extra` keys (e.g. cost) are merged in at the top level."""
-    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-             "total_tokens": prompt_tokens + completion_tokens,
-             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+               extra: UsageExtra | None = None) -> Usage:
+    """OpenAI's usage object; `extra` keys (the cost) are merged in at the top level."""
+    usage: Usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                    "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     if extra:
         usage.update(extra)
     return usage
@@ -140,35 +153,37 @@ def _top_dict(top: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 # stream chunks
 
-def chat_chunk(id: str, model: str, created: int, index: int, delta: dict,
-               finish_reason: str | None, logprobs: ChatLogprobs | None = None,
-               usage: dict | None = None) -> dict:
-    chunk = {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                          "finish_reason": finish_reason}]}
+def chat_chunk(id: str, model: str, created: int, index: int, delta: ChunkDelta,
+               finish_reason: FinishReason, logprobs: ChatLogprobs | None = None,
+               usage: Usage | None = None) -> ChatCompletionChunk:
+    chunk: ChatCompletionChunk = {
+        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                     "finish_reason": finish_reason}]}
     if usage is not None:
         chunk["usage"] = usage
     return chunk
 
 
 def completion_chunk(id: str, model: str, created: int, index: int, text: str,
-                     finish_reason: str | None, logprobs: CompletionLogprobs | None = None,
-                     usage: dict | None = None) -> dict:
-    chunk = {"id": id, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                          "finish_reason": finish_reason}]}
+                     finish_reason: FinishReason, logprobs: CompletionLogprobs | None = None,
+                     usage: Usage | None = None) -> Completion:
+    chunk: Completion = {
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                     "finish_reason": finish_reason}]}
     if usage is not None:
         chunk["usage"] = usage
     return chunk
 
 
-def chat_usage_chunk(id: str, model: str, created: int, usage: dict) -> dict:
+def chat_usage_chunk(id: str, model: str, created: int, usage: Usage) -> ChatCompletionChunk:
     """The last chunk when stream_options.include_usage: no choices, the whole request's usage."""
     return {"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
             "choices": [], "usage": usage}
 
 
-def completion_usage_chunk(id: str, model: str, created: int, usage: dict) -> dict:
+def completion_usage_chunk(id: str, model: str, created: int, usage: Usage) -> Completion:
     return {"id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [], "usage": usage}
 
@@ -176,35 +191,40 @@ def completion_usage_chunk(id: str, model: str, created: int, usage: dict) -> di
 # whole responses
 
 def chat_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
-                  usage: dict) -> dict:
-    body = {"id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": c.index, "message": _chat_message(c),
-                         "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
-                         "finish_reason": c.finish_reason} for c in choices],
-            "usage": usage}
+                  usage: Usage) -> ChatCompletion:
+    body: ChatCompletion = {"id": id, "object": "chat.completion", "created": created,
+                            "model": model, "choices": [_chat_choice(c) for c in choices],
+                            "usage": usage}
     if choices and choices[0].prompt_logprobs is not None:  # vLLM: once, beside the choices
         body["prompt_logprobs"] = choices[0].prompt_logprobs
     return body
 
 
-def _chat_message(c: ChoiceResult) -> dict:
-    message: dict = {"role": "assistant", "content": c.text}
+def _chat_choice(c: ChoiceResult) -> ChatChoice:
+    return {"index": c.index, "message": _chat_message(c),
+            "logprobs": None if c.logprobs is None else chat_logprobs(c.logprobs),
+            "finish_reason": c.finish_reason}
+
+
+def _chat_message(c: ChoiceResult) -> ChatMessage:
+    message: ChatMessage = {"role": "assistant", "content": c.text}
     if c.tool_calls:
         message["tool_calls"] = c.tool_calls
     return message
 
 
 def completion_response(id: str, model: str, created: int, choices: Sequence[ChoiceResult],
-                        usage: dict) -> dict:
+                        usage: Usage) -> Completion:
     return {"id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [_completion_choice(c) for c in choices], "usage": usage}
 
 
-def _completion_choice(c: ChoiceResult) -> dict:
-    choice = {"index": c.index, "text": c.text,
-              "logprobs": None if c.logprobs is None
-              else completion_logprobs(c.logprobs, c.text_offset),
-              "finish_reason": c.finish_reason}
+def _completion_choice(c: ChoiceResult) -> CompletionChoice:
+    choice: CompletionChoice = {
+        "index": c.index, "text": c.text,
+        "logprobs": None if c.logprobs is None
+        else completion_logprobs(c.logprobs, c.text_offset),
+        "finish_reason": c.finish_reason}
     if c.prompt_logprobs is not None:  # vLLM's extension, only when asked for
         choice["prompt_logprobs"] = c.prompt_logprobs
     return choice

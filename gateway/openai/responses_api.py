@@ -1,10 +1,11 @@
 """The OpenAI Responses API (POST /v1/responses): its body read into a chat conversation, and
 its response object and stream events, as plain dicts.
 
-A Responses body becomes a chat body that `parse_chat_request` validates, so sampling checks
-and defaults are exactly the chat endpoint's; this module adds only the Responses shape around
-them. What we cannot honour (tools, structured output, reasoning, background runs, images and
-files, include items) is refused with a 400 naming the param, never silently ignored.
+The body is validated by its declaration (gateway/openai/schema/extensions.py), then becomes a
+chat body that `parse_chat_request` validates, so sampling checks and defaults are exactly the
+chat endpoint's; this module adds only the Responses shape around them. What we cannot honour
+(tools, structured output, reasoning, background runs, images and files, include items) is
+refused first with a 400 naming the param, never silently ignored.
 """
 from __future__ import annotations
 
@@ -15,19 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.errors import APIError, bad_request
-from gateway.openai.json_fields import (
-    check_length,
-    read_bool,
-    read_int,
-    read_object,
-    read_str,
-)
-from gateway.openai.requests import MAX_CONTENT_PARTS, MAX_MESSAGES, GenerationRequest
+from gateway.openai.requests import GenerationRequest
+from gateway.openai.schema import read
+from gateway.openai.schema.answers import ResponseUsage, Usage
+from gateway.openai.schema.chat import joined
+from gateway.openai.schema.extensions import ResponsesRequest as ResponsesBody
 
-INPUT_ROLES = ("user", "assistant", "system", "developer")
-TEXT_PARTS = ("input_text", "output_text")
-MEDIA_PARTS = ("input_image", "input_file", "input_audio")
-MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's
 # handed to the chat parser unchanged, which validates them: the Responses fields it shares,
 # then our chat extensions (so a Responses client can use stop, seed, priority, ...)
 PASSED_TO_CHAT = ("model", "user", "temperature", "top_p", "stop", "seed", "top_k", "min_p",
@@ -111,21 +105,20 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     _refuse_unsupported(body)
-    messages, sources = _read_input(body)
+    req = read(ResponsesBody, body)
+    messages, sources = _input(req.input)
     return ResponsesRequest(
-        messages, sources, instructions=read_str(body, "instructions", None),
-        previous_response_id=read_str(body, "previous_response_id", None),
-        max_output_tokens=read_int(body, "max_output_tokens", None, lo=1),
-        store=read_bool(body, "store", True), stream=read_bool(body, "stream", False),
-        metadata=_read_metadata(body),
-        parallel_tool_calls=read_bool(body, "parallel_tool_calls", True),
-        tool_choice=body.get("tool_choice") or "auto",
+        messages, sources, instructions=req.instructions,
+        previous_response_id=req.previous_response_id,
+        max_output_tokens=req.max_output_tokens,
+        store=req.store is not False, stream=bool(req.stream), metadata=req.metadata or {},
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        tool_choice=req.tool_choice or "auto",
         passed={k: body[k] for k in PASSED_TO_CHAT if body.get(k) is not None})
 
 
-# refusals
-
 def _refuse_unsupported(body: dict) -> None:
+    """What we cannot honour, refused before anything else is read."""
     for name, why in REFUSED.items():
         if body.get(name):  # absent, null, empty, false, 0: harmless
             raise bad_request(why, name)
@@ -136,78 +129,22 @@ def _refuse_unsupported(body: dict) -> None:
 
 
 def _nested(body: dict, param: str) -> Any:
-    """The value at a dotted param ("text.format"); the outer one must be an object."""
+    """The value at a dotted param ("text.format"); an outer value that is no object is the
+    declaration's to refuse."""
     outer, _, inner = param.partition(".")
-    return read_object(body, outer).get(inner) if inner else body.get(outer)
+    if not inner:
+        return body.get(outer)
+    value = body.get(outer)
+    return value.get(inner) if isinstance(value, dict) else None
 
 
-def _read_metadata(body: dict) -> dict:
-    metadata = read_object(body, "metadata")
-    if len(metadata) > MAX_METADATA_KEYS:
-        raise bad_request(f"metadata allows at most {MAX_METADATA_KEYS} keys, got "
-                          f"{len(metadata)}", "metadata")
-    for key, value in metadata.items():
-        if len(key) > MAX_METADATA_KEY_CHARS:
-            raise bad_request(f"metadata keys are at most {MAX_METADATA_KEY_CHARS} "
-                              "characters", "metadata")
-        if not isinstance(value, str) or len(value) > MAX_METADATA_VALUE_CHARS:
-            raise bad_request(f"metadata values must be strings of at most "
-                              f"{MAX_METADATA_VALUE_CHARS} characters", "metadata")
-    return dict(metadata)
-
-
-# input
-
-def _read_input(body: dict) -> tuple[tuple[dict, ...], tuple[str, ...]]:
-    value = body.get("input")
-    if value is None:
-        raise bad_request("input is required", "input")
+def _input(value: str | list) -> tuple[tuple[dict, ...], tuple[str, ...]]:
+    """This turn's chat messages, and the param each came from."""
     if isinstance(value, str):
         return ({"role": "user", "content": value},), ("input",)
-    if not isinstance(value, list) or not value:
-        raise bad_request("input must be a string or a non-empty array of messages", "input")
-    check_length("input", value, MAX_MESSAGES)
     sources = tuple(f"input[{i}]" for i in range(len(value)))
-    return tuple(_read_item(item, where) for item, where in zip(value, sources)), sources
-
-
-def _read_item(item: Any, where: str) -> dict:
-    if not isinstance(item, dict):
-        raise bad_request(f"{where} must be an object", where)
-    kind = item.get("type")
-    if kind not in (None, "message"):
-        raise bad_request(f'{where}.type must be "message"; {kind!r:.40} items (tool calls, '
-                          "reasoning, references) are not supported", f"{where}.type")
-    role = item.get("role")
-    if role not in INPUT_ROLES:
-        raise bad_request(f"{where}.role must be one of {', '.join(INPUT_ROLES)}, got "
-                          f"{role!r:.40}", f"{where}.role")
-    return {"role": role, "content": _read_content(item.get("content"), f"{where}.content")}
-
-
-def _read_content(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{where} must be a string or an array of text parts", where)
-    check_length(where, content, MAX_CONTENT_PARTS)
     # separate parts read as separate paragraphs, as the chat endpoint joins them
-    return "\n".join(_read_part(p, f"{where}[{j}]") for j, p in enumerate(content))
-
-
-def _read_part(part: Any, where: str) -> str:
-    if not isinstance(part, dict):
-        raise bad_request(f"{where} must be an object", where)
-    kind = part.get("type")
-    if kind not in TEXT_PARTS:
-        what = "image, file and audio input are" if kind in MEDIA_PARTS else \
-            f"{kind!r:.40} parts are"
-        raise bad_request(f"{where}.type must be input_text or output_text; {what} not "
-                          "supported", f"{where}.type")
-    text = part.get("text")
-    if not isinstance(text, str):
-        raise bad_request(f"{where}.text must be a string", f"{where}.text")
-    return text
+    return tuple({"role": m.role, "content": joined(m.content)} for m in value), sources
 
 
 # the response object
@@ -224,7 +161,7 @@ class ResponseShell:
     message_id: str
     fields: dict  # every key of the Response object but the ones `build` fills
 
-    def build(self, status: str, text: str | None = None, usage: dict | None = None,
+    def build(self, status: str, text: str | None = None, usage: ResponseUsage | None = None,
               error: dict | None = None) -> dict:
         if status in ("completed", "incomplete"):
             output = [message_item(self.message_id, text or "", status)]
@@ -266,16 +203,17 @@ def output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def responses_usage(chat_usage: dict) -> dict:
+def responses_usage(chat_usage: Usage) -> ResponseUsage:
     """Chat usage (with our cost split) under the Responses API's names. The prefix cache
     fills itself as a side effect of serving, so no token is a billed cache write."""
-    usage = {"input_tokens": chat_usage["prompt_tokens"],
-             "input_tokens_details": {
-                 "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
-                 "cache_write_tokens": 0},
-             "output_tokens": chat_usage["completion_tokens"],
-             "output_tokens_details": {"reasoning_tokens": 0},
-             "total_tokens": chat_usage["total_tokens"]}
+    usage: ResponseUsage = {
+        "input_tokens": chat_usage["prompt_tokens"],
+        "input_tokens_details": {
+            "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
+            "cache_write_tokens": 0},
+        "output_tokens": chat_usage["completion_tokens"],
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": chat_usage["total_tokens"]}
     if "cost" in chat_usage:
         usage["cost"] = chat_usage["cost"]
     return usage

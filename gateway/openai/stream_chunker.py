@@ -8,10 +8,14 @@ a choice that called tools and ended by itself finishes with "tool_calls".
 completion, per choice: text deltas, then an empty text carrying finish_reason.
 With stream_options.include_usage, every chunk carries "usage": null and `usage()` gives one last
 chunk with no choices and the whole request's usage, as OpenAI's server does.
+
+Chunks are typed (gateway/openai/schema/answers.py) but are the plain dicts orjson writes: the
+per-token path makes no object beyond them.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar, cast
 
 from gateway.openai.json_calls import Parsed
 from gateway.openai.responses import (
@@ -23,9 +27,19 @@ from gateway.openai.responses import (
     completion_logprobs,
     completion_usage_chunk,
 )
-from gateway.openai.schema.answers import ChatLogprobs, CompletionLogprobs
+from gateway.openai.schema.answers import (
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChunkDelta,
+    Completion,
+    FinishReason,
+    Usage,
+)
 from gateway.openai.tool_stream import finish_reason, reader_for
 from gateway.openai.tools import ToolSpec
+
+Chunk = ChatCompletionChunk | Completion  # a chat stream's, or a completion stream's
+C = TypeVar("C", ChatCompletionChunk, Completion)
 
 
 class StreamChunker:
@@ -45,10 +59,11 @@ class StreamChunker:
         self.tools = tools if kind == "chat" else None
         self._readers: dict[int, object] = {}  # per choice, when its output may hold calls
 
-    def chunks(self, delta) -> list[dict]:
+    def chunks(self, delta) -> list[Chunk]:
         """Every chunk one choice delta (gateway.serving.service.ChoiceDelta) becomes, in order: the
         SSE stream and the WebSocket send exactly these."""
-        i, out = delta.index, []
+        i = delta.index
+        out: list[Chunk] = []
         if i not in self._started:
             self._started.add(i)
             out += self.start(i)
@@ -69,7 +84,7 @@ class StreamChunker:
             self._readers[index] = reader_for(self.tools)
         return self._readers[index]
 
-    def _tool_chunks(self, i: int, reader, delta) -> list[dict]:
+    def _tool_chunks(self, i: int, reader, delta) -> list[ChatCompletionChunk]:
         parsed = reader.feed(delta.text)
         if delta.finish_reason is not None:
             parsed.extend(reader.finish())
@@ -79,54 +94,57 @@ class StreamChunker:
             if out:
                 out[0]["choices"][0]["logprobs"] = formatted
             else:
-                out.append(self._chunk(i, {}, None, formatted))
+                out.append(self._chat(i, {}, None, formatted))
         if delta.finish_reason is not None:
-            out.append(self.finish(i, finish_reason(delta.finish_reason, reader)))
+            reason = cast(FinishReason, finish_reason(delta.finish_reason, reader))  # once
+            out.append(self._chat(i, {}, reason))
         return out
 
-    def _parsed_chunks(self, i: int, parsed: Parsed) -> list[dict]:
-        out = [self._chunk(i, {"content": parsed.content}, None)] if parsed.content else []
-        return out + [self._chunk(i, {"tool_calls": [entry]}, None)
+    def _parsed_chunks(self, i: int, parsed: Parsed) -> list[ChatCompletionChunk]:
+        out = [self._chat(i, {"content": parsed.content}, None)] if parsed.content else []
+        return out + [self._chat(i, {"tool_calls": [entry]}, None)
                       for entry in parsed.tool_calls]
 
-    def start(self, index: int) -> list[dict]:
+    def start(self, index: int) -> list[Chunk]:
         """Chunks to send before choice `index`'s first token: the role, for chat."""
         if self.kind != "chat":
             return []
         content = None if self.reader(index) is not None else ""
-        return [self._chunk(index, {"role": "assistant", "content": content}, None)]
+        return [self._chat(index, {"role": "assistant", "content": content}, None)]
 
     def delta(self, index: int, text: str,
-              logprobs: Sequence[LogprobToken] | None = None) -> dict:
+              logprobs: Sequence[LogprobToken] | None = None) -> Chunk:
         """A chunk with new text of choice `index` (and its tokens' logprobs when asked for)."""
         offset = self._chars_sent.get(index, 0)
         self._chars_sent[index] = offset + len(text)
         if self.kind == "chat":
             chat = None if logprobs is None else chat_logprobs(logprobs)
-            return self._chunk(index, {"content": text}, None, chat)
+            return self._chat(index, {"content": text}, None, chat)
         legacy = None if logprobs is None else completion_logprobs(logprobs, offset)
-        return self._chunk(index, text, None, legacy)
+        return self._marked(completion_chunk(self.id, self.model, self.created, index, text,
+                                             None, legacy))
 
-    def finish(self, index: int, finish_reason: str) -> dict:
+    def finish(self, index: int, finish_reason: FinishReason) -> Chunk:
         """The chunk that ends choice `index`: no new text, just why it stopped."""
-        return self._chunk(index, {} if self.kind == "chat" else "", finish_reason)
+        if self.kind == "chat":
+            return self._chat(index, {}, finish_reason)
+        return self._marked(completion_chunk(self.id, self.model, self.created, index, "",
+                                             finish_reason))
 
-    def usage(self, usage: dict) -> list[dict]:
+    def usage(self, usage: Usage) -> list[Chunk]:
         """The closing usage chunk, if the client asked for one."""
         if not self.include_usage:
             return []
-        build = chat_usage_chunk if self.kind == "chat" else completion_usage_chunk
-        return [build(self.id, self.model, self.created, usage)]
-
-    def _chunk(self, index: int, delta, finish_reason,
-               logprobs: ChatLogprobs | CompletionLogprobs | None = None) -> dict:
         if self.kind == "chat":
-            return self._marked(chat_chunk(self.id, self.model, self.created, index, delta,
-                                           finish_reason, logprobs))  # type: ignore[arg-type]
-        return self._marked(completion_chunk(self.id, self.model, self.created, index, delta,
-                                             finish_reason, logprobs))  # type: ignore[arg-type]
+            return [chat_usage_chunk(self.id, self.model, self.created, usage)]
+        return [completion_usage_chunk(self.id, self.model, self.created, usage)]
 
-    def _marked(self, chunk: dict) -> dict:
+    def _chat(self, index: int, delta: ChunkDelta, finish_reason: FinishReason,
+              logprobs: ChatLogprobs | None = None) -> ChatCompletionChunk:
+        return self._marked(chat_chunk(self.id, self.model, self.created, index, delta,
+                                       finish_reason, logprobs))
+
+    def _marked(self, chunk: C) -> C:
         if self.include_usage:
             chunk["usage"] = None  # OpenAI marks every chunk but the last this way
         return chunk

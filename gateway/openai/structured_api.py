@@ -1,5 +1,6 @@
-"""Structured outputs on the API: OpenAI's `response_format`, vLLM's `structured_outputs` and its
-older `guided_*` fields, read into the one constraint spec the engine takes.
+"""Structured outputs on the API: the constraint spec the engine takes, the caps and names the
+request fields share (`response_format`, vLLM's `structured_outputs` and its older `guided_*`,
+declared and read in gateway/openai/schema/structured.py), and the JSON Schema checks.
 
 The spec (runtime SamplingParams.structured) is plain JSON, one of:
   {"type": "json"}                          any JSON object (json_object)
@@ -18,7 +19,6 @@ Python's, decide what they mean.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -30,7 +30,6 @@ from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
 from gateway.errors import bad_request
-from gateway.openai.json_fields import check_length
 
 MAX_SCHEMA_BYTES = 64 * 1024  # compact JSON; the meta-schema check costs about 10 us a byte
 MAX_SCHEMA_DEPTH = 64  # nested objects and arrays; deeper would only exhaust the checker's stack
@@ -44,7 +43,6 @@ UNSUPPORTED_KEYWORDS = ("not", "if", "then", "else", "dependentRequired", "depen
                         "contains", "minContains", "maxContains", "propertyNames",
                         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef",
                         "$dynamicAnchor", "$recursiveRef")
-NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # OpenAI's for schema and function names
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
           "guided_grammar": "grammar"}
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar")
@@ -65,102 +63,6 @@ _BASE_URI = "urn:inferstack:schema"
 _VERDICTS: OrderedDict[bytes, tuple[str, str] | None] = OrderedDict()
 _MAX_VERDICTS = 256
 
-
-def read_structured(body: dict) -> dict | None:
-    """The output constraint of a request, or None. At most one of response_format (other than
-    text), structured_outputs and the guided_* fields may be sent."""
-    found = []
-    if body.get("response_format") is not None:
-        spec = _response_format(body["response_format"])
-        if spec is not None:
-            found.append(("response_format", spec))
-    if body.get("structured_outputs") is not None:
-        found.append(("structured_outputs", _structured_outputs(body["structured_outputs"])))
-    for name, kind in GUIDED.items():
-        if body.get(name) is not None:
-            found.append((name, _constraint(kind, body[name], name)))
-    if len(found) > 1:
-        raise bad_request(f"{found[1][0]} cannot be combined with {found[0][0]}: send one "
-                          "constraint on the output", found[1][0])
-    return found[0][1] if found else None
-
-
-def _response_format(value: Any) -> dict | None:
-    if not isinstance(value, dict):
-        raise bad_request("response_format must be an object", "response_format")
-    kind = value.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json", "param": "response_format"}
-    if kind != "json_schema":
-        raise bad_request("response_format.type must be one of text, json_object, json_schema, "
-                          f"got {kind!r:.40}", "response_format.type")
-    where = "response_format.json_schema"
-    spec = value.get("json_schema")
-    if not isinstance(spec, dict):
-        raise bad_request(f"{where} must be an object with name and schema", where)
-    name = spec.get("name")
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise bad_request(f"{where}.name must be 1 to 64 letters, digits, _ or -", f"{where}.name")
-    for field, kind_ok in (("strict", bool), ("description", str)):
-        if spec.get(field) is not None and not isinstance(spec[field], kind_ok):
-            raise bad_request(f"{where}.{field} must be a {kind_ok.__name__}", f"{where}.{field}")
-    if spec.get("schema") is None:  # OpenAI's: no schema, any JSON object
-        return {"type": "json", "param": where}
-    return _json_spec(spec["schema"], f"{where}.schema")
-
-
-def _structured_outputs(value: Any) -> dict:
-    if not isinstance(value, dict):
-        raise bad_request("structured_outputs must be an object", "structured_outputs")
-    kinds = [k for k in STRUCTURED_KINDS if value.get(k) is not None]
-    if value.get("json_object"):  # vLLM's spelling of response_format json_object
-        kinds.append("json_object")
-    for key in value:
-        if key not in (*STRUCTURED_KINDS, "json_object", *STRUCTURED_OPTIONS):
-            raise bad_request(f"structured_outputs.{key:.40} is not supported by this server",
-                              f"structured_outputs.{key:.40}")
-    if len(kinds) != 1:
-        raise bad_request("structured_outputs needs exactly one of json, regex, choice, "
-                          f"grammar, got {len(kinds)}", "structured_outputs")
-    if kinds[0] == "json_object":
-        return {"type": "json", "param": "structured_outputs.json_object"}
-    return _constraint(kinds[0], value[kinds[0]], f"structured_outputs.{kinds[0]}")
-
-
-def _constraint(kind: str, value: Any, param: str) -> dict:
-    if kind == "json":
-        if isinstance(value, str):  # vLLM takes a schema as JSON text too
-            try:
-                value = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                raise bad_request(f"{param} is not valid JSON", param) from None
-        return _json_spec(value, param)
-    if kind == "choice":
-        if not isinstance(value, list) or not value:
-            raise bad_request(f"{param} must be a non-empty array of strings", param)
-        check_length(param, value, MAX_CHOICES)
-        if not all(isinstance(c, str) and 0 < len(c) <= MAX_CHOICE_CHARS for c in value):
-            raise bad_request(f"{param} must hold non-empty strings of at most "
-                              f"{MAX_CHOICE_CHARS} characters", param)
-        return {"type": "choice", "choices": list(dict.fromkeys(value)), "param": param}
-    limit, unit = (MAX_REGEX_CHARS, "characters") if kind == "regex" else \
-        (MAX_GRAMMAR_BYTES, "bytes")
-    if not isinstance(value, str) or not value:
-        raise bad_request(f"{param} must be a non-empty string", param)
-    size = len(value) if kind == "regex" else len(value.encode("utf-8", "surrogatepass"))
-    if size > limit:
-        raise bad_request(f"{param} is {size} {unit}; at most {limit} are allowed", param)
-    return {"type": kind, "pattern" if kind == "regex" else "grammar": value, "param": param}
-
-
-def _json_spec(schema: Any, param: str) -> dict:
-    check_schema(schema, param)
-    return {"type": "json", "schema": schema, "param": param}
-
-
-# JSON Schema checks
 
 def check_schema(schema: Any, param: str) -> None:
     """A 400 naming `param` unless `schema` is a JSON Schema (Draft 2020-12) the engine can
@@ -259,6 +161,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-__all__ = ["read_structured", "check_schema", "schema_problem", "walk", "MAX_SCHEMA_BYTES",
+__all__ = ["check_schema", "schema_problem", "walk", "MAX_SCHEMA_BYTES",
            "MAX_SCHEMA_DEPTH", "MAX_REGEX_CHARS", "MAX_GRAMMAR_BYTES", "MAX_CHOICES",
-           "MAX_CHOICE_CHARS", "UNSUPPORTED_KEYWORDS", "NAME_PATTERN"]
+           "MAX_CHOICE_CHARS", "UNSUPPORTED_KEYWORDS", "GUIDED", "STRUCTURED_KINDS",
+           "STRUCTURED_OPTIONS"]

@@ -23,6 +23,7 @@ import orjson
 
 from contract.tool_template import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from gateway.openai.json_calls import CallStream, Parsed, arguments_entry, header_entry
+from gateway.openai.schema.answers import ToolCall, ToolCallDelta
 from gateway.openai.structured_api import walk
 from gateway.openai.tools import Function, ToolSpec, new_call_id
 
@@ -34,16 +35,16 @@ def reader_for(tools: ToolSpec | None, new_id=new_call_id):
     return CallStream(new_id) if tools.constrained else TaggedCalls(tools, new_id)
 
 
-def collect(reader, text: str) -> tuple[str | None, list[dict]]:
+def collect(reader, text: str) -> tuple[str | None, list[ToolCall]]:
     """A whole answer: (its content, None when empty; its tool calls)."""
     parsed = reader.feed(text)
     parsed.extend(reader.finish())
     return parsed.content or None, merge_calls(parsed.tool_calls)
 
 
-def merge_calls(entries: list[dict]) -> list[dict]:
+def merge_calls(entries: list[ToolCallDelta]) -> list[ToolCall]:
     """`delta.tool_calls` entries merged by index into whole calls, as the SDK does."""
-    calls: dict[int, dict] = {}
+    calls: dict[int, ToolCall] = {}
     for entry in entries:
         call = calls.setdefault(entry["index"], {"id": None, "type": "function",
                                                  "function": {"name": "", "arguments": ""}})

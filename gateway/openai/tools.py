@@ -1,5 +1,6 @@
-"""Function tools on the chat API: `tools`, `tool_choice`, `parallel_tool_calls` and the tool
-fields of messages, validated into a `ToolSpec`.
+"""Function tools on the chat API: what the request's `tools`, `tool_choice` and
+`parallel_tool_calls` mean once their shapes are valid (gateway/openai/schema/tools.py declares
+and checks those), the checks across tools, and the `ToolSpec` they become.
 
 What each tool_choice does:
 - "none": the tools are not shown to the model; it answers in text.
@@ -21,8 +22,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import bad_request
-from gateway.openai.json_fields import check_length, read_bool
-from gateway.openai.structured_api import NAME_PATTERN, schema_problem, walk
+from gateway.openai.structured_api import schema_problem, walk
 
 MAX_TOOLS = 128
 MAX_TOOL_SCHEMA_BYTES = 64 * 1024  # all tools' parameters together, as compact JSON
@@ -118,18 +118,7 @@ def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
 
-# the request's tools
-
-def read_tools(body: dict) -> ToolSpec | None:
-    """tools, tool_choice and parallel_tool_calls; None when no tools are given."""
-    parallel = read_bool(body, "parallel_tool_calls", True)
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad_request("tools must be an array of function tools", "tools")
-    check_length("tools", tools or [], MAX_TOOLS)
-    functions = tuple(_read_tool(t, f"tools[{i}]") for i, t in enumerate(tools or []))
-    return tool_spec(functions, body.get("tool_choice"), parallel)
-
+# the checks across tools
 
 def tool_spec(functions: tuple[Function, ...], tool_choice: Any,
               parallel: bool) -> ToolSpec | None:
@@ -148,42 +137,6 @@ def tool_spec(functions: tuple[Function, ...], tool_choice: Any,
     if not functions:
         return None
     return ToolSpec(functions, choice, forced, parallel)
-
-
-def _read_tool(tool: Any, where: str) -> Function:
-    if not isinstance(tool, dict):
-        raise bad_request(f"{where} must be an object", where)
-    if tool.get("type") != "function":
-        raise bad_request(f"{where}.type must be \"function\", got {tool.get('type')!r:.40}",
-                          f"{where}.type")
-    function = tool.get("function")
-    if not isinstance(function, dict):
-        raise bad_request(f"{where}.function must be an object with a name", f"{where}.function")
-    where = f"{where}.function"
-    name = function.get("name")
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise bad_request(f"{where}.name must be 1 to 64 letters, digits, _ or -",
-                          f"{where}.name")
-    description = function.get("description")
-    if description is not None and (not isinstance(description, str)
-                                    or len(description) > MAX_TOOL_DESCRIPTION_CHARS):
-        raise bad_request(f"{where}.description must be a string of at most "
-                          f"{MAX_TOOL_DESCRIPTION_CHARS} characters", f"{where}.description")
-    strict = function.get("strict")
-    if strict is not None and not isinstance(strict, bool):
-        raise bad_request(f"{where}.strict must be a boolean", f"{where}.strict")
-    return Function(name, description, _read_parameters(function.get("parameters"), where),
-                    strict)
-
-
-def _read_parameters(parameters: Any, where: str) -> dict:
-    param = f"{where}.parameters"
-    if parameters is None or parameters == {}:  # OpenAI's meaning, and the usual spelling
-        return NO_ARGUMENTS_SCHEMA()  # of "no arguments"
-    why = parameters_problem(parameters)
-    if why is not None:
-        raise bad_request(f"{param} {why}", param)
-    return parameters
 
 
 def NO_ARGUMENTS_SCHEMA() -> dict:  # noqa: N802 - a fresh constant each time (callers own it)
@@ -207,74 +160,16 @@ def parameters_problem(parameters: Any) -> str | None:
 
 
 def _read_choice(value: Any, names: list[str]) -> tuple[str, str | None]:
+    """(choice, forced name) of a tool_choice whose shape is already valid: only what needs
+    the tools is checked here."""
     if value is None:
         return ("auto" if names else "none"), None
     if isinstance(value, str):
-        if value not in TOOL_CHOICES:
-            raise bad_request(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or a "
-                              f"named function, got {value!r:.40}", "tool_choice")
         if value == "required" and not names:
             raise bad_request("tool_choice \"required\" needs tools", "tool_choice")
         return value, None
-    if not isinstance(value, dict):
-        raise bad_request("tool_choice must be a string or a named function object",
-                          "tool_choice")
-    if value.get("type") != "function":
-        raise bad_request("tool_choice.type must be \"function\", got "
-                          f"{value.get('type')!r:.40}", "tool_choice.type")
-    function = value.get("function")
-    name = function.get("name") if isinstance(function, dict) else None
-    if not isinstance(name, str):
-        raise bad_request("tool_choice.function.name must be a string",
-                          "tool_choice.function.name")
+    name = value["function"]["name"]
     if name not in names:
         raise bad_request(f"tool_choice names the function {name!r:.80}, which is not among "
                           "tools", "tool_choice")
     return "function", name
-
-
-# the tool fields of conversation messages
-
-def read_message_tool_calls(message: dict, where: str) -> tuple[dict, ...]:
-    """An assistant message's earlier calls, as {"id", "type", "function": {"name",
-    "arguments"}} (arguments kept as the JSON text the client sent)."""
-    calls = message.get("tool_calls")
-    if calls is None:
-        return ()
-    where = f"{where}.tool_calls"
-    if not isinstance(calls, list):
-        raise bad_request(f"{where} must be an array", where)
-    check_length(where, calls, MAX_MESSAGE_TOOL_CALLS)
-    return tuple(_read_call(c, f"{where}[{j}]") for j, c in enumerate(calls))
-
-
-def _read_call(call: Any, where: str) -> dict:
-    if not isinstance(call, dict):
-        raise bad_request(f"{where} must be an object", where)
-    call_id = _read_id(call.get("id"), f"{where}.id")
-    if call.get("type", "function") != "function":
-        raise bad_request(f"{where}.type must be \"function\"", f"{where}.type")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise bad_request(f"{where}.function must be an object", f"{where}.function")
-    name, arguments = function.get("name"), function.get("arguments")
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise bad_request(f"{where}.function.name must be 1 to 64 letters, digits, _ or -",
-                          f"{where}.function.name")
-    if not isinstance(arguments, str):
-        raise bad_request(f"{where}.function.arguments must be a string of JSON",
-                          f"{where}.function.arguments")
-    return {"id": call_id, "type": "function",
-            "function": {"name": name, "arguments": arguments}}
-
-
-def read_tool_call_id(message: dict, where: str) -> str:
-    """The call a tool message answers."""
-    return _read_id(message.get("tool_call_id"), f"{where}.tool_call_id")
-
-
-def _read_id(value: Any, param: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_TOOL_CALL_ID_CHARS:
-        raise bad_request(f"{param} must be a string of 1 to {MAX_TOOL_CALL_ID_CHARS} "
-                          "characters", param)
-    return value

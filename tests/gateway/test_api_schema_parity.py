@@ -3,7 +3,11 @@ gateway's readers do, with the same `param`, and read accepted bodies into the s
 
 The corpus is every bad body the reader tests name, plus valid bodies of each shape; both paths
 must agree on each (while the readers were written by hand this compared two implementations;
-once the readers are the models it pins their behaviour)."""
+once the readers are the models it pins their behaviour).
+
+The Responses, /tokenize and /detokenize bodies are read through their models too; their corpus
+(the bodies their server tests send, and bodies with several faults, refused for the one the
+hand-written readers named) pins what each is refused for, without a server."""
 from __future__ import annotations
 
 import copy
@@ -14,13 +18,16 @@ from contract.errors import InvalidRequestError
 from contract.sampling_params import check_sampling_fields
 from gateway.errors import APIError, from_runtime_error
 from gateway.openai import requests as readers
+from gateway.openai.responses_api import parse_responses_request
 from gateway.openai.schema import read
 from gateway.openai.schema.chat import (
     ChatCompletionRequest,
     CompletionRequest,
     generation_fields,
 )
+from gateway.openai.tokenize_api import parse_detokenize, parse_tokenize
 from tests.gateway import test_openai_api as api_tests
+from tests.gateway import test_responses_api as responses_tests
 from tests.gateway import test_structured_api as structured_tests
 
 
@@ -128,3 +135,93 @@ def test_the_caps_are_the_readers():
     for name in ("MAX_N", "MAX_MESSAGES", "MAX_CONTENT_PARTS", "ROLES", "MAX_TEMPERATURE",
                  "MIN_PRIORITY", "MAX_PRIORITY"):
         assert getattr(chat, name) == getattr(readers, name), name
+
+
+# the Responses API and /tokenize, /detokenize
+
+def _responses(body: dict):
+    """As the route reads a body: the Responses request, then its chat body (its faults
+    named by the Responses param they came from)."""
+    req = parse_responses_request(body)
+    try:
+        return readers.parse_chat_request(req.chat_body(()))
+    except APIError as exc:
+        raise req.renamed(exc, 0) from None
+
+
+RESPONSES_CASES = [  # (body, the param it is refused for; None: accepted)
+    ({"input": "x"}, None),
+    ({"input": [{"role": "user", "content": [{"type": "input_text", "text": "a"}]},
+                {"type": "message", "role": "assistant", "content": "b"}],
+      "instructions": "i", "metadata": {"k": "v"}, "store": False, "stream": True,
+      "tool_choice": "none", "truncation": "disabled", "text": {"format": {"type": "text"}},
+      "reasoning": {"effort": "none"}, "temperature": 0.5, "stop": ["."], "seed": 3}, None),
+    ({"input": "x", "tools": [], "include": [], "background": False, "text": None}, None),
+    ({"input": "x", "metadata": {"k" * 65: "v"}}, "metadata"),
+    ({"input": "x", "metadata": {"k": "v" * 513}}, "metadata"),
+    ({"input": "x", "text": {"format": {"type": "json_object"}}, "truncation": "auto"},
+     "truncation"),
+    ({"input": 5, "text": "plain"}, "text"), ({"input": 5, "tools": [1]}, "tools"),
+    ({"input": 5, "store": "x"}, "input"), ({"input": "x", "store": "x", "stream": 1}, "store"),
+    ({"input": [{"type": "x", "role": "tool"}]}, "input[0].type"),
+    ({"input": "x", "stop": 5}, "stop"), ({"input": "x", "seed": "1"}, "seed"),
+] + [(body, param) for body, param, code in responses_tests.BAD
+     if code in (None, "array_too_long") and isinstance(body, dict)]  # others: admission's
+
+
+@pytest.mark.parametrize("body,param", RESPONSES_CASES)
+def test_responses_bodies(body, param):
+    verdict, got = _outcome(lambda _, b: _responses(b), "responses", body)
+    assert verdict == ("accepted" if param is None else "refused"), got
+    if param is not None:
+        assert got[:2] == (400, param), got
+
+
+CHAT = [{"role": "user", "content": "hi"}]
+WEATHER = structured_tests.WEATHER
+TOKENIZE_CASES = [
+    ({"prompt": "x"}, None), ({"prompt": ["x"]}, None), ({"prompt": ""}, None),
+    ({"messages": CHAT, "tools": [WEATHER], "tool_choice": "required", "model": "m",
+      "add_generation_prompt": False, "return_token_strs": True}, None),
+    ({}, "messages"), ({"prompt": "x", "messages": CHAT}, "prompt"),
+    ({"prompt": None, "messages": None}, "messages"),
+    ({"prompt": [1, 2]}, "prompt"), ({"prompt": 5}, "prompt"), ({"prompt": ["a", "b"]}, "prompt"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x"}] * 3000}, "messages"),
+    ({"messages": []}, "messages"), ({"prompt": "x", "return_token_strs": "yes"},
+                                     "return_token_strs"),
+    ({"messages": CHAT, "tools": [WEATHER, WEATHER]}, "tools[1].function.name"),
+    ({"messages": CHAT, "tool_choice": "required"}, "tool_choice"),
+    ({"prompt": "x", "tools": [WEATHER]}, "tools"), ({"prompt": "x", "tools": 5}, "tools"),
+    ({"prompt": "x", "tool_choice": 5}, "tool_choice"),  # declared, so checked with a prompt too
+    ({"prompt": 5, "model": 5}, "prompt"), ({"prompt": 5, "tools": [WEATHER]}, "prompt"),
+    ({"messages": [{"role": "x"}], "model": 5}, "messages[0].role"),
+    ({"prompt": "x", "model": 5, "add_special_tokens": 1}, "model"),
+]
+
+
+@pytest.mark.parametrize("body,param", TOKENIZE_CASES)
+def test_tokenize_bodies(body, param):
+    verdict, got = _outcome(lambda _, b: parse_tokenize(b), "tokenize", body)
+    assert verdict == ("accepted" if param is None else "refused"), got
+    if param is not None:
+        assert got[:2] == (400, param), got
+    else:  # the text is read exactly as the generation endpoint reads it
+        kind = "chat" if "messages" in body else "completion"
+        text = {k: body[k] for k in ("prompt", "messages", "tools", "tool_choice") if k in body}
+        assert got.request == readers.parse_request(kind, text)
+
+
+@pytest.mark.parametrize("body,param,code", [
+    ({"tokens": [0, 5]}, None, None), ({"tokens": []}, None, None),
+    ({}, "tokens", None), ({"tokens": None}, "tokens", None), ({"tokens": "abc"}, "tokens", None),
+    ({"tokens": [-1]}, "tokens", None), ({"tokens": [True]}, "tokens", None),
+    ({"tokens": [1] * 11}, "tokens", "array_too_long"),
+    ({"tokens": ["a"] * 11}, "tokens", "array_too_long"),  # the cap before the items
+    ({"tokens": [1], "model": 5}, "model", None), ({"tokens": "x", "model": 5}, "tokens", None),
+])
+def test_detokenize_bodies(body, param, code):
+    verdict, got = _outcome(lambda _, b: parse_detokenize(b, 10), "detokenize", body)
+    assert verdict == ("accepted" if param is None else "refused"), got
+    if param is not None:
+        assert got == (400, param, code)

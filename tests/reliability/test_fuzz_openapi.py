@@ -82,6 +82,8 @@ def mutated(valid: st.SearchStrategy) -> st.SearchStrategy:
             body[draw(st.text(min_size=1, max_size=10))] = draw(ANY_JSON)
         if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
             body["max_tokens"] = 4
+        if body.get("max_output_tokens") is None:  # else the rest of the context: 40 s here
+            body["max_output_tokens"] = 4
         return body
     return build()
 

@@ -38,6 +38,12 @@ class Usage(TypedDict):
     cost: NotRequired[Cost]
 
 
+class UsageExtra(TypedDict, total=False):
+    """What the gateway adds to OpenAI's usage: the cost, with a price table."""
+
+    cost: Cost
+
+
 class TopLogprob(TypedDict):
     token: str
     logprob: float

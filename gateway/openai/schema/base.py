@@ -39,12 +39,13 @@ class Body(BaseModel):
                               populate_by_name=False)
 
 
-def read(model: type[M], body: Any) -> M:
-    """`body` validated into `model`, or the 400 naming the first thing wrong."""
+def read(model: type[M], body: Any, context: dict | None = None) -> M:
+    """`body` validated into `model`, or the 400 naming the first thing wrong; `context`
+    carries caps known only at run time (the served context) to the model's validators."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     try:
-        return model.model_validate(body)
+        return model.model_validate(body, context=context)
     except ValidationError as exc:
         raise api_error(exc) from None
 
@@ -52,6 +53,13 @@ def read(model: type[M], body: Any) -> M:
 def refuse(why: str) -> PydanticCustomError:
     """A validator's error about the value where it stands: the param is its place."""
     return PydanticCustomError("refused", "{why}", {"why": why})
+
+
+def too_long(max_length: int, actual_length: int) -> PydanticCustomError:
+    """A list over a cap known only at run time, refused as a declared cap is (before its
+    items are looked at, with code array_too_long)."""
+    return PydanticCustomError("too_long", "allows at most {max_length} items",
+                               {"max_length": max_length, "actual_length": actual_length})
 
 
 def json_kind(value: Any) -> str:

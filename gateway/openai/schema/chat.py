@@ -217,7 +217,9 @@ class ChatCompletionRequest(GenerationFields):
             else self.max_tokens
 
 
-def _prompt(value: Any) -> str | tuple[int, ...]:
+def prompt_value(value: Any) -> str | tuple[int, ...]:
+    """A prompt as the engine takes it: a text or token ids (a batch of one is that one);
+    /tokenize reads its prompt with this too, so both count the same tokens."""
     if value is None:
         raise bad_request("prompt is required", "prompt")
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
@@ -242,7 +244,7 @@ PROMPT_SCHEMA = {"oneOf": [
 
 
 class CompletionRequest(GenerationFields):
-    prompt: Annotated[Any, AfterValidator(_prompt), WithJsonSchema(PROMPT_SCHEMA)]
+    prompt: Annotated[Any, AfterValidator(prompt_value), WithJsonSchema(PROMPT_SCHEMA)]
     logprobs: Logprobs | None = Field(None, description="Log-probabilities plus this many "
                                                         "alternatives.")
     echo: bool | None = Field(None, description="Prepend the prompt to the output.")
