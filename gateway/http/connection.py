@@ -112,8 +112,10 @@ class GatewayRequestHandler(RequestHandler):
             self._header_deadline = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._stop_header_deadline()
-        super().connection_lost(exc)
+        try:
+            self._stop_header_deadline()
+        finally:  # aiohttp's part cancels the handler, and with it the connection's requests
+            super().connection_lost(exc)
 
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
