@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 # bench/telemetry.py imports ServerProcess, free_port and measure from here
 from bench.gateway_client import measure
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         log("starting the bare server and the gateway (--fake) ...")
         port = free_port()
         servers["bare"] = ServerProcess(
-            "bare", [py, str(Path(__file__).resolve()), "--serve-bare", str(port),
+            "bare", [py, "-m", "bench.gateway", "--serve-bare", str(port),
                      "--step-ms", str(args.step_ms)], port)
         port = free_port()
         servers["gateway"] = ServerProcess(
