@@ -1,4 +1,5 @@
-"""`python -m runtime generate|info|export-tokenizer`: the runtime alone, without the gateway."""
+"""`python -m runtime generate|info|export-tokenizer`: the runtime alone, without the gateway
+(`python -m runtime serve` is runtime/transport/serve.py, handed over by runtime/__main__.py)."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,10 @@ from contract.sampling_params import SamplingParams
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runtime",
-                                     description="Run the inference runtime from the shell.")
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime",
+        description="Run the inference runtime from the shell. `python -m runtime serve --port "
+                    "P` runs one engine shared by many gateways (`serve --help`).")
     parser.add_argument("--model", default=None,
                         help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M)")
     add_worker_flags(parser)  # the engine settings, declared once (contract/engine_settings.py)
