@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import aclosing
 from typing import cast
 
 from aiohttp import web
@@ -77,8 +78,8 @@ class StreamGuard:
         self.keepalive = keepalive  # async () -> bool: False when the client is gone
         self.stream = stream  # () -> SSEStream | None, once the response is open
         self.last = time.monotonic()
-        self.owner = asyncio.current_task()
-        self.task = asyncio.create_task(self._loop())
+        self.owner: asyncio.Task | None = asyncio.current_task()
+        self.task: asyncio.Task | None = asyncio.create_task(self._loop())
 
     def touch(self) -> None:
         self.last = time.monotonic()
@@ -104,7 +105,8 @@ class StreamGuard:
             elif time.monotonic() - self.last >= self.interval:
                 self.touch()
                 if not await self._send_keepalive():
-                    self.owner.cancel()  # the client left while nothing was streaming
+                    if self.owner is not None:
+                        self.owner.cancel()  # the client left while nothing was streaming
                     return
 
     async def _send_keepalive(self) -> bool:
@@ -120,13 +122,25 @@ class StreamGuard:
         log.warning("a client read nothing for %.0f s; dropping its stream", self.send_timeout)
         sse = self.stream()
         if sse is not None:
-            sse.abort()  # the pending write fails; the stream loop ends and aborts the job
+            sse.abort()  # the pending write should fail and end the stream loop...
+        if self.owner is not None:
+            self.owner.cancel()  # ...but the job ends even if it does not
 
     async def stop(self) -> None:
-        if self.task is asyncio.current_task():
+        """Stop watching, and drop every reference to the stream's handler: the handler's
+        frame (in a cancellation's traceback) points back here, and the cycle would keep the
+        request record and the aiohttp request alive until a full collection."""
+        task, current = self.task, asyncio.current_task()
+        self.task = self.owner = None
+        self.keepalive = self.stream = _nothing
+        if task is None or task is current:
             return
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _nothing():
+    return None
 
 
 async def stream_sse(request: web.Request, state: GatewayState, gen: InFlightRequest):
@@ -152,13 +166,16 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: InFlightReq
     pinger = StreamGuard(state.config.keepalive_seconds, state.config.send_timeout_seconds,
                          keepalive, lambda: sse)
     try:
-        async for delta in state.service.stream(gen):
-            pinger.touch()
-            out = sse if sse is not None else await ensure_open()
-            events = chunker.chunks(delta)
-            if events and not await out.send_all(events):
-                return out.response  # client gone: leaving the loop aborts the job
-            itl.tick(len(delta.token_ids))
+        # aclosing: leaving the loop (client gone, handler cancelled) aborts the job before
+        # this returns, not whenever the generator happens to be finalized
+        async with aclosing(state.service.stream(gen)) as deltas:
+            async for delta in deltas:
+                pinger.touch()
+                out = sse if sse is not None else await ensure_open()
+                events = chunker.chunks(delta)
+                if events and not await out.send_all(events):
+                    return out.response  # client gone: leaving the loop aborts the job
+                itl.tick(len(delta.token_ids))
         await wait_committed(gen)  # the bill is durable before the client sees it final
         out = await ensure_open()
         await out.send_all(chunker.usage(usage_of(gen)), done=True)  # still guarded
@@ -180,12 +197,13 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
     texts: dict[int, list[str]] = {i: [] for i in range(req.n)}
     logprobs: dict[int, list] = {i: [] for i in range(req.n)}
     prompt_logprobs: dict[int, list] = {}
-    async for delta in state.service.stream(gen):
-        texts[delta.index].append(delta.text)
-        if delta.logprobs:
-            logprobs[delta.index].extend(delta.logprobs)
-        if delta.prompt_logprobs is not None:
-            prompt_logprobs[delta.index] = delta.prompt_logprobs
+    async with aclosing(state.service.stream(gen)) as deltas:  # aborted at once if cancelled
+        async for delta in deltas:
+            texts[delta.index].append(delta.text)
+            if delta.logprobs:
+                logprobs[delta.index].extend(delta.logprobs)
+            if delta.prompt_logprobs is not None:
+                prompt_logprobs[delta.index] = delta.prompt_logprobs
     await wait_committed(gen)  # the bill is durable before the client sees the answer
     wants_logprobs = gen.params.logprobs or gen.params.top_logprobs > 0
     choices = []

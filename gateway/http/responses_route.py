@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -92,7 +93,8 @@ async def create_response(request: web.Request):
 
 
 async def respond_json(turn: Turn, gen: InFlightRequest) -> web.Response:
-    texts = [delta.text async for delta in turn.state.service.stream(gen)]
+    async with aclosing(turn.state.service.stream(gen)) as deltas:  # aborted at once if cancelled
+        texts = [delta.text async for delta in deltas]
     await wait_committed(gen)  # the bill is durable before the client sees the answer
     return json_response(turn.finish(gen, "".join(texts)), headers=response_headers(gen))
 
@@ -150,12 +152,14 @@ class ResponseStream:
 
     async def _stream(self, guard: StreamGuard) -> None:
         itl = InterTokenClock(self.state)
-        async for delta in self.state.service.stream(self.gen):
-            guard.touch()
-            self.texts.append(delta.text)
-            if delta.text and not await self.send(self.events.delta, delta.text):
-                return  # the client is gone: leaving the loop aborts the job
-            itl.tick(len(delta.token_ids))
+        # aclosing: leaving the loop aborts the job now, not when the generator is finalized
+        async with aclosing(self.state.service.stream(self.gen)) as deltas:
+            async for delta in deltas:
+                guard.touch()
+                self.texts.append(delta.text)
+                if delta.text and not await self.send(self.events.delta, delta.text):
+                    return  # the client is gone: leaving the loop aborts the job
+                itl.tick(len(delta.token_ids))
         text = "".join(self.texts)
         status = status_of(self.gen.finish_reasons.get(0))
         if not await self.send(self.events.closing, text, status):

@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, cast
 
 import orjson
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -158,7 +156,7 @@ class Connection:
         itl = InterTokenClock(self.state)
         # aclosing: a cancel landing in a send closes the stream (its finally aborts the
         # request) now, not when the garbage collector gets to the generator
-        deltas = cast(AsyncGenerator[Any, None], service.stream(gen))
+        deltas = service.stream(gen)
         try:
             async with aclosing(deltas):
                 async for delta in deltas:

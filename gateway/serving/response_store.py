@@ -5,11 +5,13 @@ asked (the earlier conversation it continued included, its instructions not, as 
 API carries instructions over to no later turn) and the assistant's answer. A later request
 naming it continues that conversation.
 
-Memory is bounded on both axes: at most `max_per_tenant` responses per tenant (the oldest
-dropped first) and none older than `seconds`. Each one is bounded too: its conversation was
-admitted, so it fit the model's context, and a chained one shares the message strings of the
-one before it rather than copying them. Tenants come from the key file, so the whole store is
-at most tenants x max_per_tenant x one context's text. Expiry is lazy: expired responses are
+Memory is bounded on three axes: at most `max_per_tenant` responses per tenant and at most
+`max_bytes_per_tenant` bytes of their text (the oldest dropped first), and none older than
+`seconds`. Each one is bounded too: its conversation was admitted, so it fit the model's
+context, and its echoed fields are capped (metadata, user). A response's bytes count its whole
+conversation, although a chained one shares the message strings of the one before it: an
+overcount, so the cap holds whatever is shared. Tenants come from the key file, so the whole
+store is at most tenants x max_bytes_per_tenant. Expiry is lazy: expired responses are
 dropped whenever the store is touched, from the oldest, which is also the order of insertion
 since every response lives equally long.
 """
@@ -23,6 +25,9 @@ from dataclasses import dataclass
 from gateway.errors import APIError, bad_request
 
 NOT_FOUND_CODE = "response_not_found"
+# 64 MiB a tenant: hundreds of full-context conversations, while 1000 of them at a long
+# context's worth of text each would be gigabytes
+MAX_BYTES_PER_TENANT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -30,17 +35,21 @@ class StoredResponse:
     response: dict  # the Response object as it was answered
     conversation: tuple[dict, ...]  # chat messages: the input history plus the answer
     expires_at: float  # on the store's clock
+    size: int = 0  # bytes it counts against its tenant's cap (`_size`)
 
 
 class ResponseStore:
     """Responses by tenant, then by id in insertion order (= expiry order)."""
 
     def __init__(self, seconds: float, max_per_tenant: int,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 max_bytes_per_tenant: int = MAX_BYTES_PER_TENANT):
         self.seconds = seconds
         self.max_per_tenant = max_per_tenant
+        self.max_bytes_per_tenant = max_bytes_per_tenant
         self.clock = clock
         self._tenants: dict[str, OrderedDict[str, StoredResponse]] = {}
+        self._bytes: dict[str, int] = {}  # per tenant: the sum of its responses' sizes
 
     @property
     def enabled(self) -> bool:
@@ -54,10 +63,18 @@ class ResponseStore:
             return
         self._expire()
         responses = self._tenants.setdefault(tenant, OrderedDict())
-        responses[response["id"]] = StoredResponse(response, conversation,
-                                                   self.clock() + self.seconds)
-        while len(responses) > self.max_per_tenant:
-            responses.popitem(last=False)  # the oldest first
+        stored = StoredResponse(response, conversation, self.clock() + self.seconds,
+                                _size(response, conversation))
+        self._drop(tenant, response["id"])
+        responses[response["id"]] = stored
+        self._bytes[tenant] = self._bytes.get(tenant, 0) + stored.size
+        while len(responses) > 1 and (len(responses) > self.max_per_tenant or
+                                      self._bytes[tenant] > self.max_bytes_per_tenant):
+            self._pop_oldest(tenant)  # the newest stays, so a chain can always go on
+
+    def bytes_of(self, tenant: str) -> int:
+        """The bytes the tenant's stored responses count against its cap."""
+        return self._bytes.get(tenant, 0)
 
     def get(self, tenant: str, response_id: str, param: str | None = None) -> StoredResponse:
         """The tenant's stored response, or 404: another tenant's id is as unknown as one
@@ -83,22 +100,43 @@ class ResponseStore:
 
     def delete(self, tenant: str, response_id: str) -> None:
         self.get(tenant, response_id)  # 404 alike for unknown and other tenants' ids
-        responses = self._tenants[tenant]
-        del responses[response_id]
-        if not responses:
-            del self._tenants[tenant]
+        self._drop(tenant, response_id)
+        if not self._tenants[tenant]:
+            self._forget(tenant)
 
     def _expire(self) -> None:
         now = self.clock()
         for tenant in list(self._tenants):
             responses = self._tenants[tenant]
             while responses and next(iter(responses.values())).expires_at <= now:
-                responses.popitem(last=False)
+                self._pop_oldest(tenant)
             if not responses:
-                del self._tenants[tenant]
+                self._forget(tenant)
+
+    def _pop_oldest(self, tenant: str) -> None:
+        _, stored = self._tenants[tenant].popitem(last=False)
+        self._bytes[tenant] -= stored.size
+
+    def _drop(self, tenant: str, response_id: str) -> None:
+        stored = self._tenants[tenant].pop(response_id, None)
+        if stored is not None:
+            self._bytes[tenant] -= stored.size
+
+    def _forget(self, tenant: str) -> None:
+        del self._tenants[tenant]
+        self._bytes.pop(tenant, None)
 
     def _not_found(self, response_id: str, param: str | None) -> APIError:
         kept = f"responses are kept {self.seconds:g} s" if self.enabled else \
             "this server stores no responses"
         return APIError(404, f"no response {response_id!r:.80} is stored for this key; {kept}",
                         "not_found_error", param, NOT_FOUND_CODE)
+
+
+def _size(response: dict, conversation: tuple[dict, ...]) -> int:
+    """Bytes of the text a stored response holds: its messages (the answer among them, the
+    very string its output holds) and the fields it echoes (instructions, user, metadata)."""
+    texts = [m.get("content") or "" for m in conversation]
+    texts += [response.get("instructions") or "", response.get("user") or ""]
+    texts += [k + v for k, v in (response.get("metadata") or {}).items()]
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import orjson
@@ -44,6 +44,13 @@ class ChoiceDelta:
 THREAD_TOKENIZE_BYTES = 8192
 THREAD_RENDER_MESSAGES = 32  # conversations longer than this are templated in a thread
 
+# A whole (non-streamed) answer is built on the event loop and held in memory at once, so its
+# parts that multiply request parameters are capped before any work. A logprob entry is about
+# 60-90 bytes of JSON and 1-2 us of loop time to decode and build; 32768 of them (about 2.5 MiB)
+# are built in well under the 100 ms that would show as a hitch in every other stream.
+MAX_ANSWER_LOGPROBS = 32768  # n x prompt tokens x (prompt_logprobs + 1), plus the outputs'
+MAX_ECHO_BYTES = 2 << 20  # n x the echoed prompt's UTF-8 bytes
+
 
 class GenerationService:
     def __init__(self, tokenizer, dispatcher: Dispatcher, table: InFlightTable,
@@ -71,8 +78,13 @@ class GenerationService:
     async def prepare(self, request: GenerationRequest, salt: str | None = None,
                       request_id: str | None = None,
                       priority: int | None = None) -> InFlightRequest:
+        if isinstance(request.prompt, str) and not request.stream:
+            check_echo(request, request.prompt)  # before the tokenizer spends on it
         prompt_text, prompt = await self._tokenize(request)
-        params = request.sampling_params(self._budget(request, len(prompt)))  # the one build
+        budget = self._budget(request, len(prompt))
+        if not request.stream:  # a stream sends each part as it comes and keeps none
+            budget = check_answer_size(request, len(prompt), prompt_text, budget)
+        params = request.sampling_params(budget)  # the one build
         return InFlightRequest(request_id or new_id(request.kind), request, prompt, prompt_text,
                                params, request.priority if priority is None else priority, salt,
                                OutputStream(self.stream_buffer_bytes))
@@ -198,8 +210,10 @@ class GenerationService:
         if self.accounting is not None:
             self.accounting.drop(gen, status)
 
-    async def stream(self, gen: InFlightRequest) -> AsyncIterator[ChoiceDelta]:
-        """Yield deltas until every choice has finished. Must follow `enqueue`."""
+    async def stream(self, gen: InFlightRequest) -> AsyncGenerator[ChoiceDelta, None]:
+        """Yield deltas until every choice has finished. Must follow `enqueue`. Callers
+        iterate it under `contextlib.aclosing`, so leaving early aborts the request at once
+        rather than when the generator is finalized."""
         done = False
         try:
             try:
@@ -286,6 +300,47 @@ def _max_token_bytes(tokenizer) -> int:
         except Exception:  # noqa: BLE001 - a hole in the vocabulary covers nothing
             pass
     return longest
+
+
+def check_echo(request: GenerationRequest, prompt_text: str) -> None:
+    """A 400 naming echo when n copies of the prompt are over MAX_ECHO_BYTES."""
+    if not request.echo:
+        return
+    echoed = request.n * _utf8_size(prompt_text)
+    if echoed > MAX_ECHO_BYTES:
+        raise bad_request(f"echo with n={request.n} would answer {echoed} bytes of prompt; "
+                          f"at most {MAX_ECHO_BYTES} are allowed: lower n or stream",
+                          param="echo")
+
+
+def check_answer_size(request: GenerationRequest, num_prompt: int, prompt_text: str,
+                      budget: int) -> int:
+    """The output budget a non-streamed answer may have, or a 400 naming the param whose
+    product with the others puts its worst case over a cap. Each choice's worker scores the
+    prompt (and sends it) on its own, so prompt logprobs count n times for chat too."""
+    n, sampling = request.n, request.sampling
+    check_echo(request, prompt_text)
+    k = sampling.get("prompt_logprobs")
+    scored = 0 if k is None else n * num_prompt * (k + 1)
+    if scored > MAX_ANSWER_LOGPROBS:
+        raise bad_request(f"prompt_logprobs={k} over {num_prompt} prompt tokens with n={n} is "
+                          f"{scored} logprob entries; at most {MAX_ANSWER_LOGPROBS} are "
+                          "allowed: lower prompt_logprobs or n, or shorten the prompt",
+                          param="prompt_logprobs")
+    if not sampling.get("logprobs") and not sampling.get("top_logprobs"):
+        return budget
+    per_token = n * (sampling.get("top_logprobs", 0) + 1)
+    room = (MAX_ANSWER_LOGPROBS - scored) // per_token
+    if request.max_tokens is None and room >= 1:  # a default no answer can hold is no default
+        return min(budget, room)
+    if budget > room:
+        chat_top = request.kind == "chat" and sampling.get("top_logprobs")
+        param = "top_logprobs" if chat_top else "logprobs"
+        raise bad_request(f"{param} with n={n} and max_tokens={budget} could be "
+                          f"{budget * per_token} logprob entries; at most "
+                          f"{MAX_ANSWER_LOGPROBS} are allowed: lower max_tokens, n or "
+                          f"{param}, or stream", param=param)
+    return budget
 
 
 def _check_kv_capacity(n: int, max_tokens: int, capacity: int) -> None:

@@ -38,6 +38,9 @@ from gateway.openai.schema.chat import (
 from gateway.openai.schema.tools import ToolChoice, Tools
 
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's
+# `user` is echoed in the response and stored with it: an end-user id, not a document (OpenAI's
+# safety_identifier, its successor, allows 64 characters)
+MAX_USER_CHARS = 256
 
 
 def _text_prompt(value: Any) -> str | None:
@@ -161,7 +164,7 @@ class ResponsesRequest(Body):
     tool_choice: Literal["auto", "none"] | None = None
     truncation: Literal["disabled"] | None = None
     model: str | None = None
-    user: str | None = None
+    user: Annotated[str, Field(max_length=MAX_USER_CHARS)] | None = None
     temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     stop: StopField | None = None
