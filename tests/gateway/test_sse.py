@@ -3,33 +3,14 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
-from aiohttp import web
-
 from gateway.http.sse import DONE, KEEPALIVE, SSEStream, encode_event
+from testkit.loopback import serve_once
 
 
 def test_event_bytes_are_exact():
     assert encode_event({"a": 1, "b": "é\n"}) == b'data: {"a":1,"b":"\xc3\xa9\\n"}\n\n'
     assert DONE == b"data: [DONE]\n\n"
     assert KEEPALIVE == b": keep-alive\n\n"
-
-
-async def _serve(handler, client_does):
-    """Run `handler` at GET / on loopback and return what `client_does(session, url)` returns."""
-    app = web.Application()
-    app.router.add_get("/", handler)
-    # a plain runner, as in production: aiohttp's TestServer would cancel the handler when the
-    # client leaves, hiding what SSEStream must cope with
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    try:
-        async with aiohttp.ClientSession() as session:
-            return await client_does(session, f"http://{host}:{port}/")
-    finally:
-        await runner.cleanup()
 
 
 def test_stream_over_loopback_has_exact_body_and_headers():
@@ -46,7 +27,7 @@ def test_stream_over_loopback_has_exact_body_and_headers():
         async with session.get(url) as resp:
             return resp.status, resp.headers.copy(), await resp.read()
 
-    status, headers, body = asyncio.run(_serve(handler, client))
+    status, headers, body = asyncio.run(serve_once("GET", handler, client))
     assert status == 200
     assert body == b'data: {"n":1}\n\n: keep-alive\n\ndata: {"n":2}\n\ndata: [DONE]\n\n'
     assert headers["Content-Type"] == "text/event-stream"
@@ -77,5 +58,5 @@ def test_client_disconnect_sets_closed_instead_of_raising():
         resp.close()  # drop the connection mid-stream
         return await asyncio.wait_for(outcome, 5)
 
-    closed, later_send = asyncio.run(_serve(handler, client))
+    closed, later_send = asyncio.run(serve_once("GET", handler, client))
     assert closed is True and later_send is False

@@ -17,14 +17,12 @@ import time
 import weakref
 from types import SimpleNamespace
 
-import aiohttp
-from aiohttp import web
-
 from gateway.http.completions import stream_sse
 from gateway.openai.requests import parse_request
 from gateway.serving.inflight import InFlightRequest
 from gateway.serving.response_store import ResponseStore
 from gateway.serving.service import ChoiceDelta
+from testkit.loopback import serve_once
 
 LONG_PROMPT = "word " * 2000  # about 2000 tokens
 
@@ -127,20 +125,6 @@ def fake_state(service) -> SimpleNamespace:
                            model_name="fake")
 
 
-async def serve_one(handler, client_does):
-    app = web.Application()
-    app.router.add_post("/", handler)
-    runner = web.AppRunner(app)  # as in production: no cancel when the client leaves
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    try:
-        async with aiohttp.ClientSession() as session:
-            return await client_does(session, f"http://{host}:{port}/")
-    finally:
-        await runner.cleanup()
-
-
 def test_a_cancelled_sse_request_is_freed_without_gc():
     worker = HeldWorker()
     refs: list[weakref.ref] = []
@@ -169,7 +153,7 @@ def test_a_cancelled_sse_request_is_freed_without_gc():
         resp.close()
         return freed
 
-    assert asyncio.run(serve_one(handler, client)), "the record waited for the GC"
+    assert asyncio.run(serve_once("POST", handler, client)), "the record waited for the GC"
     assert worker.aborted_at is not None
 
 
@@ -211,7 +195,8 @@ def test_a_client_that_leaves_aborts_the_worker_request_at_once():
             await asyncio.sleep(0.01)
         return returned
 
-    assert asyncio.run(serve_one(handler, client)), "the handler never noticed the client left"
+    assert asyncio.run(serve_once("POST", handler, client)), \
+        "the handler never noticed the client left"
     for generator in finalized:  # what the deferred finalizer kept, closed now
         asyncio.run(generator.aclose())
     # aborted before the handler returned, not when a collection found the generator
