@@ -18,3 +18,14 @@ def stored_in(dtype: torch.dtype, units: int = 1) -> dict[str, float]:
     """`assert_close` keywords for values stored in `dtype` after float32 arithmetic done in
     another order: `units` roundings of the stored type may differ."""
     return {"rtol": units * torch.finfo(dtype).eps, "atol": FLOAT32_ORDER_ATOL}
+
+
+def read_from(dtype: torch.dtype, scale: float, units: int = 1) -> dict[str, float]:
+    """`assert_close` keywords for float32 results computed from values stored in `dtype` that
+    may themselves differ by `units` units between the two runs (`stored_in`: a KV cache
+    written by a reordered product, then read by attention). A result moves by up to that
+    relative amount of the values it mixes, not of itself: near a zero of the result the
+    difference is absolute, `units` epsilons of `scale`, the results' magnitude (their root
+    mean square). A float32 `dtype` keeps the float32 reordering floor."""
+    eps = units * torch.finfo(dtype).eps
+    return {"rtol": eps, "atol": max(eps * scale, FLOAT32_ORDER_ATOL)}
