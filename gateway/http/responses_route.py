@@ -9,6 +9,7 @@ answer differs: a Response object, or its typed events over SSE with `event:` li
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from gateway.errors import APIError, bad_request
 from gateway.http.auth import authenticate
 from gateway.http.completions import InterTokenClock, StreamGuard, response_headers, usage_of
 from gateway.http.error_middleware import json_response
-from gateway.http.request_body import generation, trace_context
+from gateway.http.request_body import generation, trace_context, validate
 from gateway.http.sse import SSEStream, encode_named_event
 from gateway.openai.requests import GenerationRequest, parse_chat_request
 from gateway.openai.responses_api import (
@@ -68,14 +69,16 @@ class Turn:
         return response
 
 
-async def admit_turn(state: GatewayState, key: ApiKey, body, trace: dict | None):
+async def admit_turn(request: web.Request, state: GatewayState, key: ApiKey, body):
     """Parse, continue the stored conversation and admit: a refusal names the Responses
-    param it came from."""
-    req = parse_responses_request(body)
+    param it came from. A large body's parse and its chat body's run off the event loop."""
+    req = await validate(request, body, parse_responses_request)
     history = state.response_store.history(key.tenant.name, req.previous_response_id)
     response_id = new_response_id()
+    trace = trace_context(request)
     try:
-        chat = chat_request(state, req.chat_body(history))
+        chat = await validate(request, req.chat_body(history),
+                              functools.partial(chat_request, state))
         gen = await admit(state, key, chat, body, trace, request_id=response_id)
     except APIError as exc:
         raise req.renamed(exc, len(history)) from None
@@ -86,7 +89,7 @@ async def admit_turn(state: GatewayState, key: ApiKey, body, trace: dict | None)
 
 async def create_response(request: web.Request):
     async with generation(request) as (state, key, body):
-        turn, gen = await admit_turn(state, key, body, trace_context(request))
+        turn, gen = await admit_turn(request, state, key, body)
         if turn.req.stream:
             return await ResponseStream(request, turn, gen).run()
         return await respond_json(turn, gen)

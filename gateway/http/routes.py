@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from aiohttp import web
@@ -14,7 +15,7 @@ from gateway.http.completions import respond_json, stream_sse
 from gateway.http.error_middleware import json_response
 from gateway.http.feed_route import telemetry_handler
 from gateway.http.openapi import build_openapi
-from gateway.http.request_body import generation, trace_context
+from gateway.http.request_body import generation, trace_context, validate
 from gateway.http.responses_route import add_responses_routes
 from gateway.http.tokenize_route import add_tokenize_routes
 from gateway.http.websocket import websocket_handler
@@ -26,7 +27,8 @@ from gateway.state import STATE
 
 async def generate(request: web.Request, kind: str):
     async with generation(request) as (state, key, body):
-        req = parse_request(kind, body, state.sampling_defaults)
+        req = await validate(request, body, functools.partial(parse_request, kind),
+                             state.sampling_defaults)
         gen = await admit(state, key, req, body, trace_context(request))
         if gen.request.stream:
             return await stream_sse(request, state, gen)

@@ -17,6 +17,7 @@ close raises or waits on can leave them running.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from contextlib import aclosing
@@ -29,6 +30,7 @@ from gateway.http.auth import authenticate
 from gateway.http.completions import InterTokenClock, chunker_for, usage_of
 from gateway.http.hard_close import hard_close
 from gateway.http.pending_writes import PendingWrites
+from gateway.http.request_body import decode_sized, validate_sized
 from gateway.openai.requests import parse_request
 from gateway.serving.accounting import wait_committed
 from gateway.serving.admission import admit
@@ -91,9 +93,9 @@ class Connection:
         if self.closing:  # messages read after the drop began would start orphans
             return None
         try:
-            message = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            return await self.error(None, bad_request("the message is not valid JSON"))
+            message = await decode_sized(raw)  # off the loop when large
+        except APIError as exc:
+            return await self.error(None, exc)
         if not isinstance(message, dict):
             return await self.error(None, bad_request("a message must be a JSON object"))
         rid, kind = message.get("id"), message.get("type")
@@ -111,7 +113,7 @@ class Connection:
         if len(self.tasks) >= MAX_REQUESTS_PER_SOCKET:
             return await self.error(rid, bad_request("too many requests in flight on this "
                                                      "socket"))
-        self.tasks[rid] = asyncio.create_task(self.run(rid, message))
+        self.tasks[rid] = asyncio.create_task(self.run(rid, message, len(raw)))
         return None
 
     async def cancel(self, rid: str) -> None:
@@ -125,11 +127,12 @@ class Connection:
             del self.tasks[rid]
             await self.send(cancelled(rid))
 
-    async def run(self, rid: str, message: dict) -> None:
+    async def run(self, rid: str, message: dict, nbytes: int) -> None:
+        """One request of the socket, `message` its request message (`nbytes` long)."""
         self.started.add(rid)
         self.state.request_started()  # a drain waits for this request
         try:
-            await self._run(rid, message)
+            await self._run(rid, message, nbytes)
         except APIError as exc:
             await self.error(rid, exc)
         except asyncio.CancelledError:
@@ -140,15 +143,16 @@ class Connection:
                 del self.tasks[rid]
             self.state.request_ended()
 
-    async def _run(self, rid: str, message: dict) -> None:
+    async def _run(self, rid: str, message: dict, nbytes: int) -> None:
         endpoint = message.get("endpoint", "chat")
         if endpoint not in ("chat", "completions"):
             raise bad_request("endpoint must be 'chat' or 'completions'", param="endpoint")
         body = message.get("body")
         if isinstance(body, dict):
             body = {**body, "stream": True}
-        req = parse_request("chat" if endpoint == "chat" else "completion", body,
-                            self.state.sampling_defaults)
+        kind = "chat" if endpoint == "chat" else "completion"
+        req = await validate_sized(nbytes, body, functools.partial(parse_request, kind),
+                                   self.state.sampling_defaults)
         service = self.state.require_service()  # 503 until a worker is ready
         gen = await admit(self.state, self.key, req, body)
         watcher = asyncio.create_task(self._report_position(rid, gen))

@@ -19,6 +19,7 @@ Python's, decide what they mean.
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -59,9 +60,11 @@ _SCHEMA_ONE = ("additionalProperties", "items", "contains", "not", "if", "then",
 
 _META = jsonschema.Draft202012Validator(jsonschema.Draft202012Validator.META_SCHEMA)
 _BASE_URI = "urn:inferstack:schema"
-# clients resend the same schema with every request: its verdict is kept (by digest)
+# clients resend the same schema with every request: its verdict is kept (by digest); bodies
+# are validated on a small thread pool (gateway/http/request_body.py), hence the lock
 _VERDICTS: OrderedDict[bytes, tuple[str, str] | None] = OrderedDict()
 _MAX_VERDICTS = 256
+_VERDICTS_LOCK = threading.Lock()
 
 
 def check_schema(schema: Any, param: str) -> None:
@@ -77,22 +80,32 @@ def schema_problem(schema: Any) -> str | None:
     """What is wrong with `schema` (to follow its param in a message), or None."""
     if not isinstance(schema, dict):
         return "must be a JSON Schema object"
-    raw = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    if len(raw) > MAX_SCHEMA_BYTES:
+    try:
+        raw = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # orjson writes at most 255 levels: far past our cap
+        return f"nests deeper than {MAX_SCHEMA_DEPTH} levels"
+    if len(raw) > MAX_SCHEMA_BYTES:  # the size first: it bounds the depth walk and the check
         return f"is {len(raw)} bytes of JSON; at most {MAX_SCHEMA_BYTES} are allowed"
     if _depth(schema) > MAX_SCHEMA_DEPTH:
         return f"nests deeper than {MAX_SCHEMA_DEPTH} levels"
-    digest = hashlib.sha256(raw).digest()
-    if digest not in _VERDICTS:
-        _VERDICTS[digest] = _verdict(schema)
-        if len(_VERDICTS) > _MAX_VERDICTS:
-            _VERDICTS.popitem(last=False)
-    _VERDICTS.move_to_end(digest)
-    verdict = _VERDICTS[digest]
+    verdict = _cached_verdict(hashlib.sha256(raw).digest(), schema)
     if verdict is None:
         return None
     why, where = verdict
     return why + (f" (at {where})" if where else "")
+
+
+def _cached_verdict(digest: bytes, schema: dict) -> tuple[str, str] | None:
+    with _VERDICTS_LOCK:
+        if digest in _VERDICTS:
+            _VERDICTS.move_to_end(digest)
+            return _VERDICTS[digest]
+    verdict = _verdict(schema)  # outside the lock: two threads may both check a new schema
+    with _VERDICTS_LOCK:
+        _VERDICTS[digest] = verdict
+        if len(_VERDICTS) > _MAX_VERDICTS:
+            _VERDICTS.popitem(last=False)
+    return verdict
 
 
 def _verdict(schema: dict) -> tuple[str, str] | None:

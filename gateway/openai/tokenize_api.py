@@ -21,6 +21,7 @@ from gateway.openai.schema.answers import DetokenizeResponse, TokenizeResponse
 from gateway.openai.schema.chat import ChatCompletionRequest, CompletionRequest
 from gateway.openai.schema.extensions import DetokenizeRequest
 from gateway.openai.schema.extensions import TokenizeRequest as TokenizeBody
+from gateway.openai.tools import check_raw_tools
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class TokenizeRequest:
 
 
 def parse_tokenize(body: Any) -> TokenizeRequest:
+    if isinstance(body, dict):  # the tools' total first, before any tool's schema is checked
+        check_raw_tools(body.get("tools"))
     req = read(TokenizeBody, body)
     return TokenizeRequest(
         model=req.model, request=_text_request(req),

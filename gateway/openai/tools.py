@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import bad_request
-from gateway.openai.structured_api import schema_problem, walk
+from gateway.openai.structured_api import MAX_SCHEMA_BYTES, schema_problem, walk
 
 MAX_TOOLS = 128
 MAX_TOOL_SCHEMA_BYTES = 64 * 1024  # all tools' parameters together, as compact JSON
@@ -129,14 +129,47 @@ def tool_spec(functions: tuple[Function, ...], tool_choice: Any,
         if name in names[:i]:
             raise bad_request(f"tools[{i}].function.name {name!r} is already used by another "
                               "tool", f"tools[{i}].function.name")
-    size = sum(len(orjson.dumps(f.parameters)) for f in functions)
-    if size > MAX_TOOL_SCHEMA_BYTES:
-        raise bad_request(f"the tools' parameters are {size} bytes of JSON; at most "
-                          f"{MAX_TOOL_SCHEMA_BYTES} are allowed", "tools")
+    check_tools_total(sum(len(orjson.dumps(f.parameters)) for f in functions))
     choice, forced = _read_choice(tool_choice, names)
     if not functions:
         return None
     return ToolSpec(functions, choice, forced, parallel)
+
+
+def check_tools_total(size: int) -> None:
+    """A 400 naming tools when their parameters are `size` bytes of JSON, over the cap."""
+    if size > MAX_TOOL_SCHEMA_BYTES:
+        raise bad_request(f"the tools' parameters are {size} bytes of JSON; at most "
+                          f"{MAX_TOOL_SCHEMA_BYTES} are allowed", "tools")
+
+
+def check_raw_tools(tools: Any) -> None:
+    """The size caps on a raw body's `tools`, read in one pass with no schema checked, so that
+    a body over them is refused before its schemas cost anything (about 4 us a byte to check):
+    one tool's parameters over a schema's cap (named as its own check names it), then the
+    total. Not a list, or more than MAX_TOOLS: the declaration refuses it before any item."""
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        return
+    total = 0
+    for i, tool in enumerate(tools):
+        size = _raw_parameters_size(tool)
+        if size > MAX_SCHEMA_BYTES:
+            where = f"tools[{i}].function.parameters"
+            raise bad_request(f"{where} is {size} bytes of JSON; at most {MAX_SCHEMA_BYTES} "
+                              "are allowed", where)
+        total += size
+    check_tools_total(total)  # a lower bound of tool_spec's count: {} counts 2 bytes here
+
+
+def _raw_parameters_size(tool: Any) -> int:
+    function = tool.get("function") if isinstance(tool, dict) else None
+    parameters = function.get("parameters") if isinstance(function, dict) else None
+    if not isinstance(parameters, dict):
+        return 0
+    try:
+        return len(orjson.dumps(parameters))
+    except orjson.JSONEncodeError:  # nested past 255 levels: its own check refuses it
+        return 0
 
 
 def NO_ARGUMENTS_SCHEMA() -> dict:  # noqa: N802 - a fresh constant each time (callers own it)

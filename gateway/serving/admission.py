@@ -1,9 +1,14 @@
 """Admission: everything a request passes before the queue, in order: the tenant may use the
 model, tokenization and the context and KV-capacity checks (with the one SamplingParams built
 then), the time-to-first-token deadline, the rate limits, the budget reservation and the
-fair-share start. A refusal at any point leaves nothing behind."""
+fair-share start. A refusal at any point leaves nothing behind but the request's count
+against its tenant's requests per minute, taken first: by `charged` before an HTTP body is
+read, by `admit` itself for a WebSocket message."""
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
 from billing.keys import ApiKey, Tenant
@@ -28,6 +33,23 @@ class AdmissionView(Protocol):
     queue: RequestQueue
 
 SHARED_CACHE_SALT = "shared-namespace"  # the opt-in public prefix-cache namespace
+# set while a handler runs whose request was charged before its body was read (the HTTP
+# routes, through `charged`), so that `admit`, which WebSocket messages reach uncharged,
+# charges each request once
+_CHARGED: ContextVar[bool] = ContextVar("request_charged", default=False)
+
+
+@asynccontextmanager
+async def charged(state: AdmissionView, key: ApiKey) -> AsyncIterator[None]:
+    """Count a request against its tenant's requests per minute (429) before its body is
+    read, so that every refusal after this, a 400 included, costs the sender a request; inside,
+    `admit` does not charge it again."""
+    await state.accounting.take_request(key)
+    token = _CHARGED.set(True)
+    try:
+        yield
+    finally:
+        _CHARGED.reset(token)
 
 
 async def admit(state: AdmissionView, key: ApiKey, req: GenerationRequest, body: Any,
@@ -37,7 +59,8 @@ async def admit(state: AdmissionView, key: ApiKey, req: GenerationRequest, body:
     names the record when the endpoint has its own id scheme (the Responses API's resp_...)."""
     tenant = key.tenant
     check_model(state, tenant, req.model)
-    await state.accounting.take_request(key)  # before the work a refusal could make us do
+    if not _CHARGED.get():  # a WebSocket message: charged here, before tokenizing
+        await state.accounting.take_request(key)
     salt = key.cache_salt
     if isinstance(body, dict) and body.get("cache_scope") == "shared":
         if not tenant.shared_cache:

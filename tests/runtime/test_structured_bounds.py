@@ -131,8 +131,6 @@ def test_jump_forward_false_appends_no_forced_token(make_tiny_engine):
     assert_clean(engine)
 
 
-@pytest.mark.xfail(strict=True, reason="gateway/openai/schema/chat.py does not read "
-                   "jump_forward into the sampling fields (not this change's files)")
 def test_the_api_carries_jump_forward_false():
     from gateway.openai.requests import parse_request
     body = {"messages": [{"role": "user", "content": "hi"}], "jump_forward": False,

@@ -24,9 +24,9 @@ from contract.sampling_params import (
 )
 from gateway.errors import bad_request
 from gateway.openai.schema.base import Body, by_key, by_kind
-from gateway.openai.schema.structured import Refused, StructuredFields
+from gateway.openai.schema.structured import Refused, StructuredFields, sent_constraints
 from gateway.openai.schema.tools import ToolCalls, ToolChoice, Tools, choice_value
-from gateway.openai.tools import ToolSpec, tool_spec
+from gateway.openai.tools import ToolSpec, check_raw_tools, tool_spec
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 8
@@ -125,6 +125,8 @@ class GenerationFields(StructuredFields):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]],
                               Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: bool | None = None
+    jump_forward: bool | None = Field(None, description="Append the tokens a grammar forces "
+                                                        "without sampling them (default true).")
     n: Annotated[int, Field(ge=1, le=MAX_N, description="Choices to generate.")] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = Field(None, description="Only with stream.")
@@ -178,7 +180,8 @@ class GenerationFields(StructuredFields):
             stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=bool(self.ignore_eos), logprobs=logprobs, top_logprobs=top_logprobs,
-            prompt_logprobs=self.prompt_logprobs, structured=structured)
+            prompt_logprobs=self.prompt_logprobs, structured=structured,
+            jump_forward=self.jump_forward is not False)
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -192,6 +195,18 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="With tool_choice required: 1 "
                                                                "or more calls.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _totals_first(cls, data: Any) -> Any:
+        # the caps across tools and constraints, read off the raw body before any tool's or
+        # constraint's schema is checked: an over-cap body costs O(its size), no schema work
+        if isinstance(data, dict):
+            check_raw_tools(data.get("tools"))
+            tools, sent = data.get("tools"), sent_constraints(data)
+            if isinstance(tools, list) and tools and sent and data.get("tool_choice") != "none":
+                raise tools_and_constraint(sent[0])
+        return data
 
     @model_validator(mode="after")
     def _across_fields(self) -> ChatCompletionRequest:
@@ -261,12 +276,15 @@ def _constraint(structured: dict | None, tools: ToolSpec | None) -> dict | None:
     if tools is not None and tools.choice != "none" and structured is not None:
         # a constraint on the whole output leaves no room for a call, and a forced call none
         # for the format: refused rather than one silently winning
-        param = structured["param"].split(".")[0]
-        raise bad_request(f"{param} cannot be combined with tools unless tool_choice is "
-                          "\"none\"", param)
+        raise tools_and_constraint(structured["param"].split(".")[0])
     if tools is not None and tools.constrained:
         return tools.constraint()
     return structured
+
+
+def tools_and_constraint(param: str) -> Exception:
+    return bad_request(f"{param} cannot be combined with tools unless tool_choice is "
+                       "\"none\"", param)
 
 
 def generation_fields(req: ChatCompletionRequest | CompletionRequest,
