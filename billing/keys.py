@@ -95,6 +95,12 @@ class KeyStore:
         return key
 
     @classmethod
+    def single_admin(cls, secret: str, tenant: str = "default") -> KeyStore:
+        """--api-key: one admin key (admins read /metrics too) of one unlimited tenant."""
+        return cls([ApiKey(hash_key(secret), Tenant(tenant), "api-key", admin=True,
+                           metrics=True)])
+
+    @classmethod
     def from_toml(cls, path: str, served_models: tuple[str, ...] | None = None) -> KeyStore:
         """The keys of `path`; with `served_models`, a tenant naming a model not among them is
         an error (a typo there would refuse every request of that tenant)."""

@@ -8,12 +8,12 @@ import secrets
 
 from aiohttp import web
 
-from billing.keys import KeyStore
 from billing.pricing import PriceBook
 from billing.store_factory import budget_store, limit_store
 from contract.frames import KvEvents, Output, Ready, TransferDone
 from contract.tokenizer import Tokenizer
 from gateway.config import GatewayConfig
+from gateway.http.auth import presented_key, serving_keys
 from gateway.http.browser_guard import browser_guard
 from gateway.http.error_middleware import error_middleware
 from gateway.http.routes import add_routes
@@ -24,6 +24,7 @@ from gateway.serving.queue import RequestQueue
 from gateway.serving.response_store import ResponseStore
 from gateway.serving.service import GenerationService
 from gateway.state import STATE, GatewayState
+from gateway.telemetry import access_log
 from gateway.telemetry.feed import FeedHub
 from gateway.telemetry.metrics import GatewayMetrics
 from gateway.telemetry.otlp_metrics import push_loop
@@ -40,7 +41,7 @@ KV_METRICS = web.AppKey("kv_metrics", dict)  # "seconds" histogram, "bytes" coun
 def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Application:
     """The gateway. `in_memory_spans` keeps finished spans for tests to read."""
     middlewares = [error_middleware]
-    if not config.keys_file:  # every caller is admin: keep web pages and rebound names out
+    if not (config.keys_file or config.api_key):  # every caller is admin: keep web pages out
         middlewares.append(browser_guard(check_host=config.is_loopback()))
     app = web.Application(client_max_size=config.max_body_bytes, middlewares=middlewares)
     served_names = config.served_names()
@@ -58,11 +59,12 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
     state = GatewayState(
         config, workers, queue, inflight, dispatcher, accounting, feed,
         ResponseStore(config.responses_store_seconds, config.responses_store_max), served_names,
-        keys=KeyStore.from_toml(config.keys_file, served_names) if config.keys_file else None,
+        keys=serving_keys(config.keys_file, config.api_key, served_names),
         telemetry=telemetry)
     accounting.subscribe(state.snapshots.on_settled)
     if telemetry is not None:
         accounting.subscribe(telemetry.request_finished)
+    access_log.install(app, state, presented_key)
     app[STATE] = state
     if config.reuse_port:  # a fleet child: say which of them answered (tests, operators)
         app.on_response_prepare.append(_tag_instance)
@@ -202,7 +204,8 @@ async def _lifecycle(app: web.Application):
     tasks = [asyncio.create_task(_start_workers(state), name="start-workers"),
              asyncio.create_task(state.dispatcher.run(state.stop), name="dispatcher"),
              asyncio.create_task(_feed_loop(state), name="feed"),
-             asyncio.create_task(state.loop_lag.run(state.stop), name="loop-lag")]
+             asyncio.create_task(state.loop_lag.run(state.stop), name="loop-lag"),
+             *access_log.summary_task(app, state.stop)]
     if state.config.otlp_endpoint:
         tasks.append(asyncio.create_task(push_loop(
             lambda: state.metrics.registry if state.metrics else None,

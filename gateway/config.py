@@ -14,6 +14,7 @@ from contract.frames import is_loopback
 from contract.model_files import FAKE_MODEL_NAME, default_model_path, model_name
 from contract.sampling_defaults import SamplingSpec, parse_spec
 
+LOG_FORMATS = ("text", "json")  # the access log's and the summary's line formats
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
 
 
@@ -55,6 +56,7 @@ class GatewayConfig:
     drain_timeout_seconds: float = 30.0  # on SIGTERM: in-flight requests may finish within this
     worker_ready_timeout: float = 600.0
     keys_file: str | None = None  # API keys and tenants (TOML); None: loopback, one tenant
+    api_key: str | None = field(default=None, repr=False)  # one admin key (vLLM's --api-key)
     allow_insecure_no_auth: bool = False  # serve without keys on a non-loopback address
     prices: str = "seed"  # a preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML
     ledger_path: str | None = None  # SQLite ledger; None: <cache dir>/ledger.sqlite3
@@ -73,6 +75,9 @@ class GatewayConfig:
     sampling_defaults: str | None = None  # "model", "none", a profile name or KEY=VALUE,...
     responses_store_seconds: float = 3600.0  # /v1/responses kept for previous_response_id
     responses_store_max: int = 1000  # stored responses per tenant (oldest dropped first)
+    access_log: bool = True  # one line per HTTP request on the logger "gateway.access"
+    log_format: str = "text"  # text | json: the access log's and the summary's lines
+    log_summary_seconds: float = 10.0  # a throughput summary this often, while busy; 0: off
 
     def pd_split(self) -> tuple[int, int] | None:
         """(prefill, decode) worker counts when disaggregated, else None."""
@@ -176,14 +181,20 @@ is_loopback_host = is_loopback  # the one check, shared with runtime/transport/s
 
 
 def refuse_open_keyless(config: GatewayConfig) -> None:
-    """Without a key file every caller is admin and unmetered: that is for loopback only."""
-    if config.keys_file or config.allow_insecure_no_auth or config.is_loopback():
+    """Without keys (--keys-file or --api-key) every caller is admin and unmetered: that is for
+    loopback only."""
+    if config.api_key is not None and config.api_key != config.api_key.strip():
+        raise SystemExit("--api-key (INFERSTACK_API_KEY) starts or ends with white space")
+    if config.api_key and config.keys_file:
+        raise SystemExit("--api-key and --keys-file do not mix: with a key file, give the admin "
+                         "key there ([[keys]] with admin = true; python -m billing.keys hash KEY)")
+    if config.keys_file or config.api_key or config.allow_insecure_no_auth or config.is_loopback():
         return
     raise SystemExit(
-        f"refusing to listen on {config.host!r} without --keys-file: with no keys, anyone who "
-        f"can reach the gateway is its administrator (usage, telemetry, unmetered generation). "
-        f"Give --keys-file, listen on 127.0.0.1, or pass --allow-insecure-no-auth if this "
-        f"network is yours alone.")
+        f"refusing to listen on {config.host!r} without --keys-file or --api-key: with no keys, "
+        f"anyone who can reach the gateway is its administrator (usage, telemetry, unmetered "
+        f"generation). Give --keys-file or --api-key (INFERSTACK_API_KEY), listen on "
+        f"127.0.0.1, or pass --allow-insecure-no-auth if this network is yours alone.")
 
 
 STORE_SCHEMES = {"state_url": ("postgresql", "postgres"), "redis_url": ("redis", "rediss", "unix")}
@@ -248,6 +259,9 @@ HELP = {
     "worker_ready_timeout": "seconds a worker may take to load its model",
     "keys_file": "TOML file of API keys and tenants (without it: loopback only, one tenant, "
                  "every caller is admin)",
+    "api_key": "one admin key every request must send (Authorization: Bearer KEY), for the "
+               "tenant 'default'; as vLLM's --api-key; prefer INFERSTACK_API_KEY, which ps does "
+               "not show; not with --keys-file (put an admin key there instead)",
     "allow_insecure_no_auth": "allow serving without --keys-file on a non-loopback address: "
                               "anyone who reaches it is admin and unmetered",
     "prices": "price preset (seed, deepseek-v3, deepseek-r1) or a price-book TOML file",
@@ -278,6 +292,11 @@ HELP = {
     "responses_store_seconds": "seconds a /v1/responses answer is kept per tenant for "
                                "previous_response_id (0: not stored; such requests get 400)",
     "responses_store_max": "responses kept per tenant (the oldest is dropped first)",
+    "access_log": "log one line per HTTP request (method, path, status, tenant, tokens, TTFT, "
+                  "duration) to stderr",
+    "log_format": "the access log's and the summary's lines: text or json (one object a line)",
+    "log_summary_seconds": "log a summary (requests/s, output tokens/s, queue, KV use, "
+                           "cache-hit rate) this often while there is traffic (0: off)",
     "ray_address": "run workers as Ray actors on this Ray cluster (an address or auto); "
                    "needs the ray extra",
 }
@@ -367,4 +386,7 @@ def load_config(argv: list[str] | None = None,
     refuse_open_keyless(config)
     check_store_urls(config)
     config.sampling_spec()  # refused now, not when the first worker is ready
+    if config.log_format not in LOG_FORMATS:
+        raise SystemExit(f"--log-format takes {' or '.join(LOG_FORMATS)}, not "
+                         f"{config.log_format[:40]!r}")
     return config

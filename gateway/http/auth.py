@@ -1,7 +1,8 @@
 """Who is calling: the API key in `Authorization: Bearer KEY` (or `x-api-key`) names a tenant.
 
 Without a key file the gateway is a single-tenant development server: every caller is the
-administrator of the tenant "default" (and the gateway listens on loopback only).
+administrator of the tenant "default" (and the gateway listens on loopback only). With
+--api-key (INFERSTACK_API_KEY) it is the same single tenant, but every caller must send that key.
 """
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ from gateway.errors import APIError, unauthorized
 
 DEFAULT_KEY = ApiKey(hashlib.sha256(b"default").hexdigest(), Tenant("default"), "default",
                      admin=True)
+
+
+def serving_keys(keys_file: str | None, api_key: str | None,
+                 served_models: tuple[str, ...] | None = None) -> KeyStore | None:
+    """The keys a gateway serves with: the key file's, else --api-key's one admin key of the
+    tenant "default", else None (key-less). GatewayConfig refuses both together."""
+    if keys_file:
+        return KeyStore.from_toml(keys_file, served_models)
+    if api_key:
+        return KeyStore.single_admin(api_key, DEFAULT_KEY.tenant.name)
+    return None
 
 
 def presented_key(request: web.Request) -> str | None:

@@ -68,8 +68,9 @@ async def completions(request: web.Request):
 
 async def models(request: web.Request):
     """One card per served name (aliases too), as vLLM lists them, with what the model
-    does for omitted sampling fields."""
+    does for omitted sampling fields. Any valid key may list them (vLLM's --api-key too)."""
     state = request.app[STATE]
+    authenticate(request, state.keys)
     service = state.service
     body: ModelList = {"object": "list", "data": [
         {"id": name, "object": "model", "created": int(state.started_at),
