@@ -8,10 +8,18 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import struct
 
 from contract.errors import ModelLoadError
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+# A worker whose model cannot be loaded exits with this code after printing one line that
+# starts with MODEL_LOAD_PREFIX to stderr: the gateway reports it and does not restart it.
+MODEL_LOAD_EXIT = 3
+MODEL_LOAD_PREFIX = "ModelLoadError: "
+EXPECTED = ("expected a .gguf file or a Hugging Face model folder (config.json, *.safetensors); "
+            "downloads are not supported")
 FAKE_MODEL_NAME = "fake-smollm2"  # what the fake engine reports as its model
 _QUANT_SUFFIX = re.compile(r"[.\-_](I?Q\d\w*|F16|F32|BF16)$", re.IGNORECASE)
 
@@ -31,3 +39,28 @@ def model_name(path: str) -> str:
     if os.path.isdir(path):
         return base
     return _QUANT_SUFFIX.sub("", os.path.splitext(base)[0]) or base
+
+
+def check_model_path(path: str) -> None:
+    """Raise ModelLoadError (one line naming `path` and what was expected) unless `path` looks
+    loadable: a folder with config.json, or a file starting with a GGUF header. Reads a few
+    bytes only; a file that passes can still fail to load in the worker (truncated tensor
+    data, an unsupported architecture)."""
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelLoadError(f"{path}: a folder without config.json; {EXPECTED}")
+        return
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file or folder; {EXPECTED}")
+    try:
+        with open(path, "rb") as f:
+            header = f.read(24)  # magic, version (u32), tensor count and metadata count (u64)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: unreadable ({e.strerror or e}); {EXPECTED}") from None
+    if header[:4] != GGUF_MAGIC:
+        raise ModelLoadError(f"{path}: not a GGUF file (starts with {header[:4]!r}); {EXPECTED}")
+    if len(header) < 24:
+        raise ModelLoadError(f"{path}: truncated GGUF file ({len(header)} bytes); {EXPECTED}")
+    (version,) = struct.unpack_from("<I", header, 4)
+    if version not in (2, 3):
+        raise ModelLoadError(f"{path}: unsupported GGUF version {version}; {EXPECTED}")

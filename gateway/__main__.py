@@ -18,7 +18,9 @@ import uvloop
 from aiohttp import web
 
 from billing.key_reload import KeyReloader
+from contract.errors import ModelLoadError
 from contract.gc_tuning import tune_gc_for_serving
+from contract.model_files import check_model_path, default_model_path
 from gateway.app import create_app
 from gateway.config import load_config
 from gateway.http.connection import GatewayRunner
@@ -59,14 +61,27 @@ async def serve(config) -> int:
                            keepalive_timeout=config.idle_timeout_seconds,
                            handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
-    if config.reuse_port and not await _until_serving(state, shutdown):
-        await runner.cleanup()  # asked to stop before it could serve
-        return 0
-    site = web.TCPSite(runner, config.host, config.port, reuse_port=config.reuse_port)
-    await site.start()
-    tune_gc_for_serving()
-    log.info("listening on http://%s:%d", config.host, config.port)
-    await shutdown.requested.wait()
+    unloadable = asyncio.create_task(_until_unloadable(state))
+    if config.reuse_port:
+        serving = asyncio.create_task(_until_serving(state, shutdown))
+        await asyncio.wait({unloadable, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not unloadable.done() and not serving.result():
+            unloadable.cancel()
+            await runner.cleanup()  # asked to stop before it could serve
+            return 0
+    if not unloadable.done():
+        site = web.TCPSite(runner, config.host, config.port, reuse_port=config.reuse_port)
+        await site.start()
+        tune_gc_for_serving()
+        log.info("listening on http://%s:%d", config.host, config.port)
+        requested = asyncio.create_task(shutdown.requested.wait())
+        await asyncio.wait({unloadable, requested}, return_when=asyncio.FIRST_COMPLETED)
+    if unloadable.done():  # no worker can load the model: one line, no restarts, exit 1
+        print(unloadable.result(), file=sys.stderr, flush=True)
+        _kill_workers(state)
+        await runner.cleanup()
+        return 1
+    unloadable.cancel()
     state.draining = True  # 503 for new requests, /ready 503
     aborted = not await _drain(state, shutdown, config.drain_timeout_seconds)
     if aborted:
@@ -91,6 +106,47 @@ async def _until_serving(state: GatewayState, shutdown: Shutdown) -> bool:
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+async def _until_unloadable(state: GatewayState) -> str:
+    """The first ModelLoadError line, once every worker failed to load its model on its first
+    start (gateway/workers/handle.py does not restart those); never returns otherwise."""
+    reported: set[int] = set()
+    while True:
+        await asyncio.sleep(0.05)
+        workers = list(state.workers)
+        errors = [getattr(w, "load_error", None) for w in workers]
+        if workers and state.service is None and all(errors) \
+                and not any(w.info is not None for w in workers):
+            return str(errors[0])
+        if state.service is not None:  # others serve: say so once for each that cannot
+            for w, error in zip(workers, errors):
+                if error and w.index not in reported:
+                    reported.add(w.index)
+                    log.error("worker %d cannot load its model (not restarted): %s",
+                              w.index, error)
+
+
+class _LoadErrorsReportedOnce(logging.Filter):
+    """The gateway reports a worker's ModelLoadError itself, as one line: drop log records
+    that carry one (the start-up path logs the exception it caught)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any(isinstance(a, ModelLoadError) for a in args)
+
+
+def check_model(config) -> str | None:
+    """Why the configured model cannot be loaded (one line), or None: checked before any
+    worker starts, without importing torch. Skipped where no local worker loads it."""
+    if config.fake or config.ray_address or config.workers <= 0:
+        return None
+    try:
+        path = config.model or default_model_path()
+        check_model_path(path)
+    except ModelLoadError as exc:
+        return f"--model {exc}" if config.model else str(exc)
+    return None
 
 
 def _kill_workers(state: GatewayState) -> None:
@@ -119,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
     config = load_config(argv)
+    if (problem := check_model(config)) is not None:
+        print(problem, file=sys.stderr)
+        return 1
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_LoadErrorsReportedOnce())
     if config.gateways > 1:
         from gateway.supervisor import run_fleet
         return run_fleet(config)

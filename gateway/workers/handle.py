@@ -17,6 +17,7 @@ import os
 import sys
 import time
 
+from contract.errors import ModelLoadError
 from contract.frames import (
     AbortRequest,
     AddRequest,
@@ -33,11 +34,13 @@ from contract.frames import (
     encode_frame,
     read_frame,
 )
+from contract.model_files import MODEL_LOAD_EXIT, MODEL_LOAD_PREFIX
 from gateway.workers.backoff import Backoff
 from gateway.workers.events import Placement, WorkerDied, WorkerEvents, ended
 from gateway.workers.output_stream import OutputStream
 
 log = logging.getLogger(__name__)
+_LOAD_PREFIX = MODEL_LOAD_PREFIX.encode()
 __all__ = ["Placement", "WorkerDied", "WorkerEvents", "WorkerHandle", "ended", "supervise"]
 
 
@@ -60,15 +63,24 @@ class WorkerHandle:
         self.restarts = 0
         self.started_at = 0.0
         self._reader: asyncio.Task | None = None
+        self._stderr: asyncio.Task | None = None
+        self._load_line = ""
+        self.load_error: str | None = None  # why its model did not load (ModelLoadError)
         self._closing = False
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
+        """Spawn the worker and wait for its Ready frame. A worker that cannot load its model
+        exits with MODEL_LOAD_EXIT after one stderr line: that raises ModelLoadError with the
+        line (kept in `load_error`), and a worker that was never ready is not restarted."""
         self.ready.clear()
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "runtime.transport.worker", *self.argv,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, **(self.env or {})}, limit=64 << 20)
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, **(self.env or {})},
+            limit=64 << 20)
+        self._stderr = asyncio.create_task(self._forward_stderr(self.proc.stderr),
+                                           name=f"worker-{self.index}-stderr")
         try:
             message = await asyncio.wait_for(read_frame(self.proc.stdout), self.ready_timeout)
         except BaseException:
@@ -77,8 +89,34 @@ class WorkerHandle:
             raise
         if not isinstance(message, Ready):
             await self.proc.wait()
+            if self.proc.returncode == MODEL_LOAD_EXIT:
+                try:  # its last line, once the pipe closes
+                    await asyncio.wait_for(asyncio.shield(self._stderr), 2.0)
+                except TimeoutError:
+                    pass
+                self.load_error = self._load_line or f"worker {self.index}: model load failed"
+                raise ModelLoadError(self.load_error)
             raise RuntimeError(f"worker {self.index} did not start (exit {self.proc.returncode})")
         self._mark_ready(message, self._read_loop())
+
+    async def _forward_stderr(self, stream: asyncio.StreamReader) -> None:
+        """Copy the worker's stderr to ours, except its model-load line, which is kept."""
+        out = getattr(sys.stderr, "buffer", None)
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line over the limit: pass on what there is
+                line = await stream.read(1 << 16)
+            if not line:
+                return
+            if line.startswith(_LOAD_PREFIX):
+                self._load_line = line[len(_LOAD_PREFIX):].decode(errors="replace").strip()
+                continue
+            if out is not None:
+                out.write(line)
+                out.flush()
+            else:
+                sys.stderr.write(line.decode(errors="replace"))
 
     def _mark_ready(self, message: Ready, reader, name: str = "reader") -> None:
         """The worker said ready: keep its facts, start reading its outputs, tell the app."""
@@ -119,7 +157,8 @@ class WorkerHandle:
     def needs_restart(self) -> bool:
         """Its process died on its own: `supervise` starts a fresh one."""
         return self.proc is not None and self.proc.returncode is not None \
-            and not self.ready.is_set() and not self._closing
+            and not self.ready.is_set() and not self._closing \
+            and not (self.load_error and self.info is None)  # never loaded: it never will
 
     # ---- requests -----------------------------------------------------------------------
     def submit(self, messages: list[AddRequest], stream: OutputStream, priority: int,

@@ -11,11 +11,16 @@ import torch
 
 from contract.config import ModelConfig
 from contract.errors import ModelLoadError
-from contract.model_files import DEFAULT_GGUF, default_model_path, model_name  # noqa: F401
+from contract.model_files import (  # noqa: F401
+    DEFAULT_GGUF,
+    GGUF_MAGIC,
+    default_model_path,
+    model_name,
+)
 from contract.tokenizer import Tokenizer
 from runtime.loading import weight_cache
 
-_GGUF_MAGIC = b"GGUF"
+_GGUF_MAGIC = GGUF_MAGIC
 
 
 @dataclass

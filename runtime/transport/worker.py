@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from contract.engine_settings import add_worker_flags, settings_from_args
-from contract.errors import RuntimeErrorBase
+from contract.errors import ModelLoadError, RuntimeErrorBase
 from contract.frames import (
     AbortRequest,
     AddRequest,
@@ -42,6 +42,7 @@ from contract.frames import (
     read_frame_blocking,
 )
 from contract.gc_tuning import tune_gc_for_serving
+from contract.model_files import MODEL_LOAD_EXIT, MODEL_LOAD_PREFIX
 from contract.outputs import RequestOutput, StepStats
 from runtime.execution.device_stats import DeviceStats
 
@@ -317,11 +318,18 @@ def main(argv=None) -> int:
     os.dup2(2, 1)  # nothing but frames may reach the gateway's pipe, not even C-level prints
     sys.stdout = sys.stderr
     frames_in = os.fdopen(0, "rb")
-    worker = Worker(build_engine(args), frames_out)
+    try:
+        engine = build_engine(args)
+        defaults = model_defaults(args)
+    except ModelLoadError as exc:  # one line, no traceback: the gateway reports it and stops
+        message = " ".join(str(exc).split())
+        print(f"{MODEL_LOAD_PREFIX}{message}", file=sys.stderr, flush=True)
+        return MODEL_LOAD_EXIT
+    worker = Worker(engine, frames_out)
     if args.kv_store:
         worker.enable_disagg(args.kv_store)
     worker.drain_kv_events()  # a fresh engine's: the snapshot in the greeting holds them
-    worker.greet(worker.link, model_defaults(args))
+    worker.greet(worker.link, defaults)
     tune_gc_for_serving()
     threading.Thread(target=worker.read_commands, args=(frames_in,), daemon=True).start()
     worker.loop()
