@@ -61,7 +61,7 @@ def rope_from_hf(raw: dict | None, max_position_embeddings: int) -> RopeScaling:
     factor = raw.get("factor")
     if factor is None and kind == "yarn" and original:  # DeepSeek's form: the ratio is implied
         factor = max_position_embeddings / original
-    fields = {"type": kind, "factor": float(factor if factor is not None else 0.0),
+    fields: dict = {"type": kind, "factor": float(factor if factor is not None else 0.0),
               "original_max_position_embeddings": int(original or 0)}
     for name in ("low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "mscale",
                  "mscale_all_dim"):
