@@ -31,9 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--endpoint", choices=("chat", "completions"), default="chat")
     g.add_argument("--protocol", choices=PROTOCOLS, default="sse",
                    help="sse streaming, ws (our /v1/ws), or http (non-streaming)")
-    g.add_argument("--count-tokens", choices=COUNT_MODES, default="chunks",
-                   help="tokens per stream message: one (chunks), logprob entries, or "
-                        "the reported usage spread over messages")
+    g.add_argument("--count-tokens", choices=COUNT_MODES, default="usage",
+                   help="tokens per stream message: the reported usage spread over the "
+                        "messages (one each when a server reports none), logprob entries, "
+                        "or one per message (chunks, an estimate)")
     g.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
     g.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     g = p.add_argument_group("workload")

@@ -20,7 +20,7 @@ PROTOCOLS = ("sse", "ws", "http")
 
 class Client:
     def __init__(self, url: str, model: str, *, endpoint: str = "chat",
-                 protocol: str = "sse", count_mode: str = "chunks",
+                 protocol: str = "sse", count_mode: str = "usage",
                  extra_body: dict | None = None, timeout: float = 600.0, origin: float = 0.0):
         self.url = url.rstrip("/")
         self.model, self.endpoint, self.protocol = model, endpoint, protocol
@@ -135,6 +135,8 @@ class Client:
             return reader.fail("truncated", "no finish_reason in the response")
         n = rec.completion_tokens if rec.usage else (1 if text else 0)
         rec.chunks = [(rec.end, n)] if n else []  # all tokens at once: TTFT = e2e
+        # without a usage the one token is a stand-in, reported as an estimate
+        rec.count_source = "usage" if rec.usage else "chunks"
 
 
 async def _read_sse(resp, reader: ChunkReader, now) -> bool:

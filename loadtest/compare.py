@@ -6,20 +6,22 @@ from rich.console import Console
 from rich.table import Table
 
 from loadtest.result import read_result
+from loadtest.tables import add_row, new_table, show
 
 ROWS = [
     ("requests ok", ("summary", "requests", "completed")),
     ("requests failed", ("summary", "requests", "failed")),
     ("req/s", ("summary", "throughput", "requests_per_s")),
     ("output tok/s", ("summary", "throughput", "output_tokens_per_s")),
+    ("output tokens", ("summary", "tokens", "completion")),
     ("goodput req/s", ("summary", "throughput", "goodput_requests_per_s")),
     ("SLO attainment", ("summary", "throughput", "slo_attainment")),
     *[(f"{m} {p} ms", ("summary", "latency_ms", m, p))
-      for m in ("ttft", "itl", "tpot", "e2e") for p in ("p50", "p90", "p99", "p99.9")],
+      for m in ("ttft", "itl", "tpot", "chunk_gap", "e2e") for p in ("p50", "p90", "p99", "p99.9")],
     ("cache-hit rate", ("summary", "cache", "hit_rate")),
     ("revenue $/h", ("summary", "money", "revenue_per_hour")),
     ("revenue $/GPU-h", ("summary", "money", "revenue_per_gpu_hour")),
-    ("usage mismatches", ("summary", "tokens", "usage_mismatch_requests")),
+    ("usage contradictions", ("summary", "tokens", "usage_mismatch_requests")),
     ("client loop lag p99 ms", ("client", "loop_lag_ms", "p99")),
 ]
 
@@ -48,11 +50,13 @@ def _f(x) -> str:
     return f"{x:,.4g}" if isinstance(x, float) else f"{x:,}"
 
 
+def compare_table(a: dict, b: dict, title: str) -> Table:
+    t = new_table(title, ("figure", "A", "B", "B - A", "B / A"))
+    for label, x, y, d, r in diff_rows(a, b):
+        add_row(t, (label, _f(x), _f(y), _f(d), "-" if r is None else f"{r:,.3f}"))
+    return t
+
+
 def print_compare(path_a: str, path_b: str, console: Console | None = None) -> None:
     a, b = read_result(path_a), read_result(path_b)
-    t = Table(title=f"A = {path_a}   B = {path_b}")
-    for col in ("figure", "A", "B", "B - A", "B / A"):
-        t.add_column(col, justify="right")
-    for label, x, y, d, r in diff_rows(a, b):
-        t.add_row(label, _f(x), _f(y), _f(d), "-" if r is None else f"{r:.3f}")
-    (console or Console()).print(t)
+    show(console or Console(), compare_table(a, b, f"A = {path_a}   B = {path_b}"))

@@ -4,8 +4,11 @@ cache-hit rate, money and the usage check, for one group of requests.
 duration: from the first measured send to the last measured end (seconds); every rate is
   a count over that duration.
 latency_ms: ttft, itl (every per-token gap of every successful streamed request), tpot (one
-  value per request), e2e (from send), e2e_from_intended (from the schedule's time, so a
+  value per request), chunk_gap (every gap between token messages, one per arrival however
+  many tokens it carries), e2e (from send), e2e_from_intended (from the schedule's time, so a
   backed-up client cannot hide queueing), schedule_lag (sent - intended).
+tokens: completion counts the server's usage where it reports one, else the messages (one
+  each); counted_from says how many requests were counted which way (record.count_source).
 goodput: successful requests meeting every SLO limit, per second; slo_attainment: their share
   of all measured requests.
 cache.hit_rate: sum(cached_tokens) / sum(prompt_tokens) over successful requests.
@@ -68,6 +71,7 @@ def latency(ok: list[RequestRecord], sent: list[RequestRecord]) -> dict:
         "itl": summarize([g for r in streamed for g in r.itls()], MS),
         "tpot": summarize([r.tpot for r in streamed if r.tpot is not None
                            and r.tokens_arrived > 1], MS),
+        "chunk_gap": summarize([g for r in streamed for g in r.chunk_gaps()], MS),
         "e2e": summarize([r.e2e for r in ok], MS),
         "e2e_from_intended": summarize([r.e2e_intended for r in ok], MS),
         "schedule_lag": summarize([r.schedule_lag for r in sent], MS),
@@ -78,8 +82,11 @@ def tokens(ok: list[RequestRecord]) -> dict:
     with_usage = [r for r in ok if r.usage and r.usage.get("completion_tokens") is not None]
     return {"prompt": sum(r.prompt_tokens for r in ok),
             "cached": sum(r.cached_tokens for r in ok),
+            "completion": sum(r.completion_tokens for r in ok),
             "completion_reported": sum(int(r.usage["completion_tokens"]) for r in with_usage),
             "completion_arrived": sum(r.tokens_arrived for r in with_usage),
+            "messages": sum(len(r.chunks) for r in ok),
+            "counted_from": dict(Counter(r.count_source for r in ok)),
             "requests_without_usage": len(ok) - len(with_usage),
             "usage_mismatch_requests": sum(1 for r in ok if r.usage_mismatch)}
 

@@ -6,10 +6,20 @@ actually sent it: a saturated client shows up as sent - intended (schedule lag),
 are measured from `sent` while `e2e_intended` measures from `intended` (no coordinated omission).
 
 Token timing: `chunks` holds (arrival time, tokens) for every stream message that carried output
-text. The first token is the first such message (a role-only chunk is not a token). When a
-message carries k > 1 tokens the gap since the previous message is split evenly into k per-token
-gaps, so the per-token inter-token latencies of a request sum to last_token - first_token and
-their mean equals its TPOT. Tokens beyond the first in the first message get gaps of 0.
+text: one arrival each, however many tokens it carries (a multi-byte character split over two
+tokens arrives as one message). The first token is the first such message (a role-only chunk
+is not a token). How many tokens a message carries is decided when the stream ends
+(`count_source`, loadtest/stream.py): the server's usage.completion_tokens spread over the
+messages ("usage", the default), logprob entries ("logprobs", exact), or one per message
+("chunks": an estimate, used when the server reports no usage or when asked to).
+
+Per-token figures divide by tokens, never by messages: when a message carries k > 1 tokens the
+gap since the previous message is split evenly into k per-token gaps, so the per-token
+inter-token latencies of a request sum to last_token - first_token, there are tokens - 1 of
+them, and their mean equals its TPOT. Tokens beyond the first in the first message get gaps of
+0. The gaps between arrivals themselves (what a reader of the stream waits) are chunk_gaps().
+A token that carries no text (an end-of-sequence token the usage counts) is timed with the
+last message.
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ class RequestRecord:
     warmup: bool = False  # sent during warm-up or cool-down: excluded from the figures
     cost: dict | None = None
     cost_source: str = "none"
+    count_source: str = "chunks"  # how tokens per message were counted: usage|logprobs|chunks
 
     @property
     def ok(self) -> bool:
@@ -84,9 +95,16 @@ class RequestRecord:
 
     @property
     def usage_mismatch(self) -> bool:
-        """The server's completion_tokens differ from the tokens that arrived."""
+        """The server's completion_tokens contradict the stream: an exact count (logprobs)
+        differs, or the server reports fewer tokens than messages that carried text (each
+        carries at least one). A count estimated one per message is no evidence either way: a
+        message may carry several tokens (one multi-byte character split over two)."""
         reported = (self.usage or {}).get("completion_tokens")
-        return self.ok and reported is not None and int(reported) != self.tokens_arrived
+        if not self.ok or reported is None:
+            return False
+        if self.count_source == "logprobs":
+            return int(reported) != self.tokens_arrived
+        return int(reported) < len(self.chunks)
 
     def itls(self) -> list[float]:
         """Per-token inter-token latencies (seconds), len = tokens_arrived - 1."""
@@ -101,6 +119,13 @@ class RequestRecord:
                 gaps.extend([(t - prev) / n] * n)
                 prev = t
         return gaps
+
+    def chunk_gaps(self) -> list[float]:
+        """Gaps between consecutive token messages (one per arrival, whatever it carries)."""
+        if not self.streamed:
+            return []
+        times = [t for t, _ in self.chunks]
+        return [b - a for a, b in zip(times, times[1:])]
 
     @property
     def max_itl(self) -> float:
@@ -124,4 +149,5 @@ class RequestRecord:
                 "e2e": self.e2e, "tokens_arrived": self.tokens_arrived,
                 "completion_tokens": self.completion_tokens, "prompt_tokens": self.prompt_tokens,
                 "cached_tokens": self.cached_tokens, "warmup": self.warmup,
-                "cost": self.cost, "cost_source": self.cost_source}
+                "cost": self.cost, "cost_source": self.cost_source,
+                "count_source": self.count_source}

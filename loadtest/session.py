@@ -29,7 +29,7 @@ class Settings:
     model: str | None = None
     endpoint: str = "chat"
     protocol: str = "sse"
-    count_mode: str = "chunks"
+    count_mode: str = "usage"
     extra_body: dict = field(default_factory=dict)
     timeout: float = 600.0
     seed: int = 0

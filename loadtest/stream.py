@@ -2,26 +2,30 @@
 
 A chunk is a token message when it carries output text (chat delta.content or
 reasoning_content, completion text) or, with --count-tokens logprobs, logprob entries.
-How many tokens a message carries (--count-tokens):
-  chunks    one per message (our gateway, vLLM without speculation, llama.cpp's server)
+How many tokens a message carries (--count-tokens), settled when the stream ends:
+  usage     (default) the reported completion_tokens, spread over the messages by the UTF-8
+            length of their text (a multi-byte character is often several tokens of a
+            byte-level vocabulary, which a server sends as one message once the character is
+            whole). A stream without usage falls back to one per message (count_source
+            "chunks", an estimate); a usage below the number of messages contradicts the
+            stream and is flagged (RequestRecord.usage_mismatch)
   logprobs  the number of logprob entries (exact; the request asks for logprobs)
-  usage     the reported completion_tokens spread over the messages by text length (for
-            servers that coalesce tokens; the usage check then only catches over-reporting)
+  chunks    one per message whatever the usage says (an estimate, never called a mismatch)
 An {"error": ...} object inside the stream is a failure even after HTTP 200.
 """
 from __future__ import annotations
 
 from loadtest.record import RequestRecord
 
-COUNT_MODES = ("chunks", "logprobs", "usage")
+COUNT_MODES = ("usage", "logprobs", "chunks")
 
 
 class ChunkReader:
-    def __init__(self, record: RequestRecord, count_mode: str = "chunks"):
+    def __init__(self, record: RequestRecord, count_mode: str = "usage"):
         self.record = record
         self.count_mode = count_mode
         self.finished = False  # a finish_reason arrived
-        self._chars: list[int] = []
+        self._bytes: list[int] = []  # UTF-8 length of each message's text: its weight
 
     def feed(self, t: float, chunk) -> None:
         rec = self.record
@@ -40,7 +44,7 @@ class ChunkReader:
             n = self._tokens(choice, text)
             if n:
                 rec.chunks.append((t, n))
-                self._chars.append(len(text))
+                self._bytes.append(len(text.encode()))
                 rec.output_chars += len(text)
             if choice.get("finish_reason"):
                 self.finished = True
@@ -58,13 +62,20 @@ class ChunkReader:
             self.record.error, self.record.error_message = kind, message
 
     def close(self, t: float) -> None:
-        """End of the stream: check it finished, spread tokens in usage mode."""
+        """End of the stream: check it finished, settle the tokens each message carried."""
         rec = self.record
         rec.end = t
         if rec.error is None and not self.finished:
             self.fail("truncated", "the stream ended without a finish_reason")
-        if self.count_mode == "usage" and rec.ok:
-            spread_usage(rec, self._chars)
+        if rec.ok:
+            rec.count_source = self._settle()
+
+    def _settle(self) -> str:
+        if self.count_mode == "logprobs":
+            return "logprobs"
+        if self.count_mode == "usage" and spread_usage(self.record, self._bytes):
+            return "usage"
+        return "chunks"
 
 
 def _text(choice: dict) -> str:
@@ -74,14 +85,18 @@ def _text(choice: dict) -> str:
     return choice.get("text") or ""
 
 
-def spread_usage(rec: RequestRecord, chars: list[int]) -> None:
-    """Give the reported completion tokens to the messages in proportion to their text, each
-    at least one, rounding by largest remainders. Fewer tokens than messages: left alone."""
-    reported = int((rec.usage or {}).get("completion_tokens") or 0)
-    n = len(rec.chunks)
+def spread_usage(rec: RequestRecord, weights: list[int]) -> bool:
+    """Give the reported completion tokens to the messages in proportion to `weights` (their
+    text's UTF-8 length), each at least one, rounding by largest remainders. True when the
+    messages now carry exactly the reported tokens; False (left alone) without a usage or with
+    fewer tokens than messages."""
+    value = (rec.usage or {}).get("completion_tokens")
+    if value is None:
+        return False
+    reported, n = int(value), len(rec.chunks)
     if n == 0 or reported <= n:
-        return
-    weights = [c or 1 for c in chars]
+        return reported >= n  # as many as messages: one each already
+    weights = [w or 1 for w in weights]
     shares = [reported * w / sum(weights) for w in weights]
     counts = [max(1, int(s)) for s in shares]
     by_remainder = sorted(range(n), key=lambda i: counts[i] - shares[i])
@@ -93,3 +108,4 @@ def spread_usage(rec: RequestRecord, chars: list[int]) -> None:
         counts[max(range(n), key=lambda j: counts[j] - shares[j] if counts[j] > 1
                    else -1e9)] -= 1
     rec.chunks = [(t, k) for (t, _), k in zip(rec.chunks, counts)]
+    return True

@@ -30,6 +30,7 @@ def usage(n: int) -> dict:
 
 OK = [chunk(role=True), chunk(" a"), chunk(" b"), chunk(" c"), chunk(" d"),
       chunk(finish="length"), chunk(usage=usage(4))]
+MB = [chunk(role=True), chunk("日"), chunk("🙂"), chunk("本"), chunk(finish="stop")]
 # every script is a list of chunks (dicts), b"raw" lines, or "close" (drop the connection)
 MODES = {
     "ok": OK + ["done"],
@@ -39,7 +40,12 @@ MODES = {
     "badframe": OK[:2] + [b"data: {not json"],
     "error_event": OK[:2] + [{"error": {"message": "boom", "type": "server_error"}}, "done"],
     "no_finish": OK[:5] + ["done"],
-    "lie": OK[:5] + [chunk(finish="length"), chunk(usage=usage(7)), "done"],
+    # fewer tokens than messages with text: impossible, each message carries one at least
+    "lie": OK[:5] + [chunk(finish="length"), chunk(usage=usage(2)), "done"],
+    # a multi-byte character of two byte tokens arrives as one message once it is whole, as
+    # our gateway streams it: three messages, four tokens
+    "mb": MB + [chunk(usage=usage(4)), "done"],
+    "mb_nousage": MB + ["done"],  # the same without a usage: counted one per message
     "http500": [500],
     "http429": [429],
 }

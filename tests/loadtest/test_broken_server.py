@@ -42,10 +42,11 @@ def test_sse_failures_all_counted(tmp_path):
     assert s["requests"]["errors"] == expected
     assert s["requests"]["completed"] == 4 and s["requests"]["failed"] == 12
     assert s["requests"]["status"] == {"200": 12, "500": 2, "429": 2}
-    # "lie" reports 7 completion tokens where 4 arrived: both are flagged
+    # "lie" reports 2 completion tokens where 4 messages carried text: both are flagged
     assert s["tokens"]["usage_mismatch_requests"] == 2
-    assert s["tokens"]["completion_reported"] == 4 * 2 + 7 * 2
+    assert s["tokens"]["completion_reported"] == 4 * 2 + 2 * 2
     assert s["tokens"]["completion_arrived"] == 16
+    assert s["tokens"]["counted_from"] == {"usage": 2, "chunks": 2}
     assert s["cache"]["hit_rate"] == pytest.approx(4 / 10)
 
 
@@ -71,9 +72,13 @@ def test_multi_token_chunks_split_per_token(tmp_path):
         assert sum(itl) == pytest.approx(r.chunks[-1][0] - r.chunks[0][0])
         assert r.tpot == pytest.approx(sum(itl) / 3)
     assert result["summary"]["tokens"]["usage_mismatch_requests"] == 0
-    # counted one per message instead, the reported usage no longer matches
-    result, _ = run(trace, count_mode="chunks")
-    assert result["summary"]["tokens"]["usage_mismatch_requests"] == 2
+    assert result["summary"]["tokens"]["counted_from"] == {"usage": 2}
+    # counted one per message instead: an estimate, not a mismatch; the total is the usage's
+    result, out = run(trace, count_mode="chunks")
+    tok = result["summary"]["tokens"]
+    assert tok["usage_mismatch_requests"] == 0 and tok["counted_from"] == {"chunks": 2}
+    assert tok["completion"] == 8 and tok["messages"] == 4
+    assert all(r.tpot == pytest.approx(r.chunks[1][0] - r.chunks[0][0]) for r in out.records)
 
 
 def test_websocket_failures_all_counted(tmp_path):
