@@ -28,8 +28,10 @@ def reload_keys(path: str, current: KeyStore,
     except KeyFileError as exc:  # names the file and the line
         log.error("key file not reloaded, the old keys stay in use: %s", exc)
         return current
-    except Exception:  # a reload must never take the serving keys away
-        log.exception("%s: key file not reloaded, the old keys stay in use", path)
+    except Exception as exc:  # noqa: BLE001 - a reload must never take the serving keys away
+        log.error("%s: key file not reloaded, the old keys stay in use: %s: %s", path,
+                  type(exc).__name__, " ".join(str(exc).split()))
+        log.debug("the reload's traceback", exc_info=True)
         return current
     log.info("%s reloaded: %d keys, tenants %s", path, store.num_keys,
              ", ".join(sorted(store.tenants)))

@@ -32,11 +32,14 @@ import sys
 import tomllib
 from dataclasses import dataclass
 
+from contract.errors import StartError
+
 PERIODS = ("day", "month", "total")
 
 
-class KeyFileError(ValueError):
-    pass
+class KeyFileError(StartError, ValueError):
+    """The key file cannot be used: one line naming the file (and the line, where there is
+    one). It stops a start; a SIGHUP reload keeps the keys in use (billing/key_reload.py)."""
 
 
 @dataclass(frozen=True)
@@ -109,9 +112,12 @@ class KeyStore:
                 raw = fh.read()
             data = tomllib.loads(raw.decode())
         except tomllib.TOMLDecodeError as exc:
-            raise KeyFileError(f"{path}: {exc}") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KeyFileError(f"{path}: cannot read the key file ({exc})") from None
+            raise KeyFileError(f"{path}: not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise KeyFileError(f"{path}: cannot read the key file "
+                               f"({exc.strerror or exc})") from None
+        except UnicodeDecodeError as exc:
+            raise KeyFileError(f"{path}: cannot read the key file (not UTF-8: {exc})") from None
         lines = raw.decode().splitlines()
         tenants = {name: _tenant(name, t, _where(path, lines, rf"\[\s*tenants\.{re.escape(name)}"
                                                                 rf"\s*\]"), served_models)
@@ -217,7 +223,11 @@ def main(argv: list[str]) -> int:
         print(hash_key(argv[1]))
         return 0
     if len(argv) == 2 and argv[0] == "check":
-        store = KeyStore.from_toml(argv[1])
+        try:
+            store = KeyStore.from_toml(argv[1])
+        except KeyFileError as exc:
+            print(exc, file=sys.stderr)
+            return 1
         print(f"{len(store._by_hash)} keys, tenants: {', '.join(sorted(store.tenants))}")
         return 0
     print("usage: python -m billing.keys hash KEY | check FILE", file=sys.stderr)

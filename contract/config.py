@@ -60,7 +60,9 @@ class EngineConfig:
     max_num_seqs: int = 64  # running requests per step
     kv_cache_bytes: int = 1 << 30  # memory budget of the KV pool
     num_blocks: int | None = None  # overrides kv_cache_bytes when set (tests)
-    max_model_len: int | None = None  # defaults to the model's context
+    # the longest prompt plus output of a request; None: the model's context, which it may
+    # not exceed (runtime/engine.py refuses that at start, as vLLM does)
+    max_model_len: int | None = None
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     disk_cache_dir: str | None = None  # the prefix cache's disk tier; None turns it off
@@ -79,6 +81,9 @@ class EngineConfig:
     overlap: str = "auto"
     thread_policy: str = "adaptive"  # adaptive | fixed (runtime/execution/thread_governor.py)
     quantization: str = "auto"  # auto | none | int8 | int4 (runtime/loading/quantization.py)
+    # replaces the model's chat template: a Jinja template file, or the template text itself
+    # (contract/tokenizer.load_chat_template); None keeps the model's own
+    chat_template: str | None = None
     quant_max_rows: int | None = None  # steps of at most this many rows use the quantized
     # kernel; None: measured per weight shape at start (runtime/loading/calibration.py)
     seed: int = 0
@@ -86,6 +91,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, not {self.max_model_len}")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:

@@ -10,12 +10,19 @@ below is read from it, so the engine used directly (tests, benchmarks) agrees as
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import importlib.util
+import os
+import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from contract.config import EngineConfig
+from contract.errors import StartError
+from contract.tokenizer import load_chat_template
 
 GIB = 1 << 30
 _ENGINE = EngineConfig()  # the engine's own defaults, the one place the numbers are written
@@ -43,8 +50,10 @@ class EngineSettings:
                                  "CPU threads: adaptive (measured, fewer when a neighbour "
                                  "takes a core) or fixed (--threads)")
     quantization: str = setting(_ENGINE.quantization,
-                                "weights: auto (int8 for a quantized GGUF on a vectorized CPU), "
-                                "none, int8 or int4")
+                                "weights: auto (a quantized GGUF stays quantized on a vectorized "
+                                "CPU: int4 for a 4-bit file where the compiled CPU kernels run, "
+                                "else int8; float weights and CUDA stay float), none, int8 or "
+                                "int4")
     kv_cache_dtype: str = setting(_ENGINE.kv_cache_dtype,
                                   "KV-cache elements: auto (float16 under a float32 model on "
                                   "the CPU, else the model's dtype), float32, float16, "
@@ -54,6 +63,10 @@ class EngineSettings:
     kv_cache_gb: float = setting(_ENGINE.kv_cache_bytes / GIB, "KV-cache memory per worker, GiB",
                                  "kv_cache_bytes", _gib_to_bytes)
     max_num_seqs: int = setting(_ENGINE.max_num_seqs, "running requests per worker")
+    max_model_len: int | None = setting(_ENGINE.max_model_len,
+                                        "the longest prompt plus output of a request, in "
+                                        "tokens (longer ones get 400); at most the model's "
+                                        "context (default: the model's context)")
     max_num_batched_tokens: int = setting(_ENGINE.max_num_batched_tokens,
                                           "token budget per engine step")
     prefix_caching: bool = setting(_ENGINE.enable_prefix_caching,
@@ -63,6 +76,9 @@ class EngineSettings:
     spec: str = setting(_ENGINE.spec, "speculative decoding: off, ngram, self:L or draft:PATH")
     num_spec_tokens: int = setting(_ENGINE.num_spec_tokens,
                                    "the most tokens proposed per request per step")
+    chat_template: str | None = setting(_ENGINE.chat_template,
+                                        "a Jinja chat template file (or the template text "
+                                        "itself) replacing the model's (default: the model's)")
 
     def engine_config(self) -> EngineConfig:
         """The EngineConfig these settings describe; its other fields keep their defaults."""
@@ -84,6 +100,77 @@ class EngineSettings:
             elif value is not None:
                 argv += [_flag(f), str(value)]
         return argv
+
+
+def check_on_this_host(settings: EngineSettings, fake: bool = False) -> None:
+    """Raise StartError (one line naming the flag) for settings this machine cannot serve: a
+    CUDA device under a CPU-only torch, a disk-cache folder that cannot be written, a chat
+    template that cannot be read or does not compile. Run by the gateway before it starts a
+    worker here and by each worker before it loads its model, without importing torch (a
+    worker's engine then finds out whether a GPU is actually visible). `fake`: the fake
+    engine, which uses no device."""
+    if not fake and settings.device.startswith("cuda") and not torch_build_has_gpu():
+        raise StartError(f"--device {settings.device}: the installed torch "
+                         f"({_torch_version() or 'unknown version'}) is a CPU-only build; "
+                         f"install a CUDA build of torch, or use --device cpu")
+    if settings.disk_cache_dir and settings.prefix_caching:
+        check_writable_folder(settings.disk_cache_dir, "--disk-cache-dir")
+    load_chat_template(settings.chat_template)
+
+
+def check_writable_folder(folder: str, flag: str) -> None:
+    """Create `folder` if needed and write a file there, or a StartError naming `flag`."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise StartError(f"{flag} {folder}: cannot write there ({e.strerror or e}); choose a "
+                         f"writable folder") from e
+
+
+def torch_build_has_gpu() -> bool:
+    """Whether the installed torch was built for CUDA or ROCm, read from its version.py (the
+    gateway never imports torch); True when that cannot be told, so only a build known to be
+    CPU-only is refused."""
+    values = _torch_version_values()
+    if values is None:
+        return True
+    return values.get("cuda") is not None or values.get("hip") is not None
+
+
+def _torch_version() -> str | None:
+    values = _torch_version_values()
+    return values.get("__version__") if values else None
+
+
+def _torch_version_values() -> dict[str, Any] | None:
+    """The constants of torch/version.py (`cuda = None`, `__version__ = '2.13.0+cpu'`)."""
+    spec = importlib.util.find_spec("torch")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        with open(os.path.join(spec.submodule_search_locations[0], "version.py")) as f:
+            text = f.read()
+    except OSError:
+        return None
+    values: dict[str, Any] = {}
+    for name, literal in re.findall(r"^(\w+)\s*(?::[^=\n]*)?=\s*(.+)$", text, re.MULTILINE):
+        try:
+            values[name] = ast.literal_eval(literal.strip())
+        except (ValueError, SyntaxError):
+            pass
+    return values
+
+
+def with_default(help_text: str, default: Any) -> str:
+    """A flag's help naming its default once, the one rule for every parser of these settings
+    (the gateway's and the worker's): a help text that describes its default in words keeps
+    it ("(default: the model's context)"), an empty default (None, no items: not set) is
+    not named, any other default is appended."""
+    if default is None or default in ((), "") or "(default" in help_text:
+        return help_text
+    return f"{help_text} (default: {default})"
 
 
 def _is_switch(f: dataclasses.Field) -> bool:
@@ -113,7 +200,7 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> None:
                                 help=("turn off: " if f.default else "turn on: ") + help_text)
         else:
             parser.add_argument(_flag(f), dest=f.name, type=_value_type(f), default=f.default,
-                                help=f"{help_text} (default: {f.default})")
+                                help=with_default(help_text, f.default))
 
 
 def settings_from_args(args: argparse.Namespace) -> EngineSettings:

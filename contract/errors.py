@@ -1,4 +1,21 @@
-"""Typed errors raised by the runtime. Each names the problem; none leaves engine state changed."""
+"""Typed errors raised by the runtime, and the start error every process reports in one line.
+
+Each runtime error names the problem; none leaves engine state changed. A `StartError` says why
+a process cannot start as configured, in one line that names the setting to change: the gateway
+prints it and exits 1 (the traceback only with --debug); a worker prints it after
+START_ERROR_PREFIX on stderr and exits START_ERROR_EXIT, and the gateway, which forwards every
+other stderr line, keeps that one and reports it instead of restarting a worker that will never
+start.
+"""
+
+START_ERROR_EXIT = 3
+START_ERROR_PREFIX = "StartError: "
+# the log lines of the gateway and of its workers (whose stderr it forwards): one format
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class StartError(Exception):
+    """A process cannot start as configured: a one-line reason naming what to change."""
 
 
 class RuntimeErrorBase(Exception):
@@ -21,5 +38,11 @@ class DuplicateRequestError(InvalidRequestError):
     """A request with the same id is already in the engine."""
 
 
-class ModelLoadError(RuntimeErrorBase):
+class ModelLoadError(RuntimeErrorBase, StartError):
     """A model file or folder is missing, unreadable, truncated or of an unsupported kind."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (its white space folded); its type when it has none."""
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__

@@ -14,10 +14,6 @@ from contract.errors import ModelLoadError
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MAGIC = b"GGUF"
-# A worker whose model cannot be loaded exits with this code after printing one line that
-# starts with MODEL_LOAD_PREFIX to stderr: the gateway reports it and does not restart it.
-MODEL_LOAD_EXIT = 3
-MODEL_LOAD_PREFIX = "ModelLoadError: "
 EXPECTED = ("expected a .gguf file or a Hugging Face model folder (config.json, *.safetensors); "
             "downloads are not supported")
 FAKE_MODEL_NAME = "fake-smollm2"  # what the fake engine reports as its model

@@ -15,7 +15,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
-from contract.errors import InvalidRequestError, ModelLoadError
+from contract.errors import InvalidRequestError, ModelLoadError, StartError, one_line
 from contract.json_files import read_json
 from contract.tool_template import fallback, for_template, uses_tools
 
@@ -84,7 +84,7 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
-        self._template = self._compile(chat_template)
+        self._template = _compile(chat_template)
         # a template that reads `tools` has its own tool syntax; others get the fallback
         self.template_knows_tools = chat_template is not None and "tools" in \
             jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(chat_template))
@@ -139,6 +139,14 @@ class Tokenizer:
         eos = [i for i in [*eos, *extra_eos_ids] if i is not None]
         return cls(backend, bos_token_id=bos, eos_token_ids=tuple(dict.fromkeys(eos)),
                    chat_template=template, add_bos_token=bool(cfg.get("add_bos_token", False)))
+
+    def with_chat_template(self, chat_template: str | None) -> Tokenizer:
+        """This tokenizer with another chat template (--chat-template); itself for None."""
+        if chat_template is None:
+            return self
+        return Tokenizer(self.backend, bos_token_id=self.bos_token_id,
+                         eos_token_ids=self.eos_token_ids, chat_template=chat_template,
+                         add_bos_token=self.add_bos_token)
 
     def to_json(self) -> str:
         return json.dumps({"backend": self.backend.to_str(), "bos_token_id": self.bos_token_id,
@@ -216,19 +224,49 @@ class Tokenizer:
             raise InvalidRequestError(f"chat template rejected the messages: {e}",
                                       param="messages") from e
 
-    @staticmethod
-    def _compile(template: str | None):
-        if template is None:
-            return None
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
-        # like HF's: keep non-ASCII text readable inside prompts
-        env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False,
-                                                                  indent=indent)
+def _compile(template: str | None):
+    if template is None:
+        return None
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    # like HF's: keep non-ASCII text readable inside prompts
+    env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False,
+                                                              indent=indent)
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError as e:
+        raise ModelLoadError(f"chat template does not compile: {e}") from e
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """The template `--chat-template` names, as vLLM reads it: text with a brace or a line
+    break is the template itself, anything else a file holding one. A file that cannot be read
+    or a template that does not compile is a StartError naming the flag, so the gateway refuses
+    it before any worker starts, and a worker given it directly refuses it too."""
+    if value is None:
+        return None
+    is_text = any(c in value for c in "{}\n")
+    shown = _abbreviated(value) if is_text else value  # a path is shown whole
+    text = value
+    if not is_text:
         try:
-            return env.from_string(template)
-        except jinja2.TemplateError as e:
-            raise ModelLoadError(f"chat template does not compile: {e}") from e
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else one_line(e)
+            raise StartError(f"--chat-template {shown}: cannot read it ({reason}); give a "
+                             f"Jinja template file or the template text itself") from e
+    try:
+        _compile(text)
+    except ModelLoadError as e:
+        raise StartError(f"--chat-template {shown}: {one_line(e.__cause__ or e)} (the "
+                         f"template does not compile)") from e
+    return text
+
+
+def _abbreviated(text: str, most: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def _raise_exception(message: str):

@@ -5,11 +5,14 @@ import asyncio
 import logging
 import os
 import secrets
+import socket
+import time
 
 from aiohttp import web
 
 from billing.pricing import PriceBook
 from billing.store_factory import budget_store, limit_store
+from contract.errors import StartError, one_line
 from contract.frames import KvEvents, Output, Ready, TransferDone
 from contract.tokenizer import Tokenizer
 from gateway.config import GatewayConfig
@@ -167,17 +170,52 @@ def _worker(config: GatewayConfig, index: int, argv: list[str], events: WorkerEv
 
 
 def _connect_ray(config: GatewayConfig) -> None:
-    """Join the Ray cluster; actors import this repository from the same path on every node."""
-    import ray
+    """Join the Ray cluster; actors import this repository from the same path on every node.
+    Without ray installed, or with no cluster at the address, the start stops with one line."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise StartError("--ray-address needs ray, which is not installed: pip install -e "
+                         "'.[ray]' (or leave --ray-address out to run workers here)") from exc
     if ray.is_initialized():
         return
+    check_ray_cluster(config.ray_address)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"PYTHONPATH": root, "RAY_USAGE_STATS_ENABLED": "0"}
     for name in ("INFERSTACK_CACHE_DIR", "TRITON_INTERPRET"):
         if os.environ.get(name):
             env[name] = os.environ[name]
-    ray.init(address=config.ray_address, namespace="inferstack", log_to_driver=False,
-             runtime_env={"env_vars": env})
+    try:
+        ray.init(address=config.ray_address, namespace="inferstack", log_to_driver=False,
+                 runtime_env={"env_vars": env})
+    except (ConnectionError, RuntimeError, ValueError) as exc:  # no cluster there, a bad address
+        raise StartError(f"--ray-address {config.ray_address}: cannot join the Ray cluster "
+                         f"({one_line(exc)})") from exc
+
+
+RAY_JOIN_SECONDS = 30.0  # a cluster started with the gateway (compose, a test) comes up meanwhile
+
+
+def check_ray_cluster(address: str, patience: float = RAY_JOIN_SECONDS) -> None:
+    """ray.init waits more than a minute on an address where no cluster answers (printing its
+    own warnings meanwhile): TCP connections to the cluster's address, tried for `patience`
+    seconds, decide first. Ray Client addresses (ray://) and "local" (a new cluster) are left
+    to Ray."""
+    if address.startswith("ray://") or address == "local":
+        return
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            host, port = canonicalize_bootstrap_address_or_die(address).rsplit(":", 1)
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+            return
+        except (OSError, ValueError) as exc:  # ConnectionError: no cluster found for "auto"
+            if time.monotonic() >= deadline:
+                raise StartError(f"--ray-address {address}: no Ray cluster answers there "
+                                 f"({one_line(exc)}); start one (ray start --head) or fix the "
+                                 f"address") from exc
+        time.sleep(0.5)
 
 
 def _ray_kv_store(app: web.Application) -> str:
@@ -228,6 +266,8 @@ async def _start_workers(state: GatewayState) -> None:
     async def start(w: WorkerHandle):
         try:
             await w.start()
+        except StartError:  # reported once by the gateway (gateway/__main__.py), not retried
+            pass
         except Exception as exc:  # noqa: BLE001 - the supervisor retries
             log.error("worker %d failed to start: %s", w.index, exc)
 

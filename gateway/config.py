@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
+import socket
+import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
-from contract.engine_settings import EngineSettings
+from contract.engine_settings import EngineSettings, with_default
 from contract.errors import ModelLoadError
 from contract.frames import is_loopback
 from contract.model_files import FAKE_MODEL_NAME, default_model_path, model_name
@@ -78,6 +82,7 @@ class GatewayConfig:
     access_log: bool = True  # one line per HTTP request on the logger "gateway.access"
     log_format: str = "text"  # text | json: the access log's and the summary's lines
     log_summary_seconds: float = 10.0  # a throughput summary this often, while busy; 0: off
+    debug: bool = False  # a start error's traceback too, not only its one line
 
     def pd_split(self) -> tuple[int, int] | None:
         """(prefill, decode) worker counts when disaggregated, else None."""
@@ -126,8 +131,9 @@ class GatewayConfig:
         """Worker and gateway counts that cannot work stop the start with the reason."""
         if not 0 < self.tenant_max_running_share <= 1:
             raise SystemExit("--tenant-max-running-share must be in (0, 1]")
-        if self.workers < 0 or self.gateways < 1:
-            raise SystemExit("--workers must be 0 or more and --gateways 1 or more")
+        if self.workers < 0 or self.gateways < 1 or self.threads_per_worker < 0:
+            raise SystemExit("--workers and --threads-per-worker must be 0 or more and "
+                             "--gateways 1 or more")
         if self.workers == 0 and not self.worker_urls and not self.pd:
             raise SystemExit("--workers 0 needs at least one --worker-url tcp://HOST:PORT "
                              "(a shared `python -m runtime serve` worker) to send requests to")
@@ -148,6 +154,10 @@ class GatewayConfig:
                 "in-process rate limits, so every budget and limit would be enforced per "
                 "gateway and a tenant could spend N times its budget")
 
+    def check_port(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise SystemExit(f"--port takes 0 to 65535, not {self.port}")
+
     def num_workers(self) -> int:
         split = self.pd_split()
         return sum(split) if split else self.workers
@@ -158,6 +168,8 @@ class GatewayConfig:
             argv += ["--model", self.model]
         if self.fake:
             argv += ["--fake", "--fake-step-ms", str(self.fake_step_ms)]
+        if self.debug:
+            argv.append("--debug")
         return argv
 
     def resolved_ledger_path(self) -> str:
@@ -197,6 +209,22 @@ def refuse_open_keyless(config: GatewayConfig) -> None:
         f"127.0.0.1, or pass --allow-insecure-no-auth if this network is yours alone.")
 
 
+_LISTEN_REASONS = {
+    errno.EADDRINUSE: "address already in use (another server? choose --port)",
+    errno.EACCES: "permission denied (a port below 1024 needs privileges; choose --port)",
+    errno.EADDRNOTAVAIL: "not an address of this machine (choose --host)",
+}
+
+
+def listen_problem(host: str, port: int, exc: OSError) -> str:
+    """Why the gateway cannot listen on host:port, in one line naming the flag to change."""
+    if isinstance(exc, socket.gaierror):
+        reason = f"unknown host ({exc.strerror or exc}; choose --host)"
+    else:
+        reason = _LISTEN_REASONS.get(exc.errno or 0) or (exc.strerror or str(exc)).lower()
+    return f"cannot listen on {host}:{port}: {reason}"
+
+
 STORE_SCHEMES = {"state_url": ("postgresql", "postgres"), "redis_url": ("redis", "rediss", "unix")}
 
 
@@ -212,7 +240,9 @@ def check_store_urls(config: GatewayConfig) -> None:
 
 # Help for the gateway's own settings; the engine settings carry theirs in their declaration.
 HELP = {
-    "host": "address to listen on (loopback by default)", "port": "TCP port",
+    "host": "address to listen on; beyond loopback it needs --keys-file or --api-key (or "
+            "--allow-insecure-no-auth)",
+    "port": "TCP port",
     "model": "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)",
     "workers": "runtime worker processes (one per GPU; on CPU, each with a thread budget); "
                "0 with --worker-url: only shared workers",
@@ -299,21 +329,78 @@ HELP = {
                            "cache-hit rate) this often while there is traffic (0: off)",
     "ray_address": "run workers as Ray actors on this Ray cluster (an address or auto); "
                    "needs the ray extra",
+    "debug": "show the traceback of a start-up error (the gateway's and each worker's), not "
+             "only its one line",
 }
 
 
-def _convert(field: dataclasses.Field, text):
-    kind = str(field.type)
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off", "")
+
+
+def _convert(f: dataclasses.Field, value: Any) -> Any:
+    """A setting's value, from a flag's or a variable's text or a TOML value, as its field's
+    type; ValueError saying what it takes."""
+    kind = str(f.type)
     if "tuple" in kind:  # a list: repeated flags, a TOML list or comma-separated text
-        items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+        items = value if isinstance(value, (list, tuple)) else str(value).split(",")
         return tuple(str(i).strip() for i in items if str(i).strip())
     if "bool" in kind:
-        return text.lower() in ("1", "true", "yes", "on")
+        return _to_bool(value)
     if "int" in kind:
-        return int(text)
+        return _to_number(value, int, "a whole number")
     if "float" in kind:
-        return float(text)
-    return text
+        return _to_number(value, float, "a number")
+    if not isinstance(value, str):
+        raise ValueError(f"takes text, not {value!r}")
+    return value
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS or text in FALSE_WORDS:
+        return text in TRUE_WORDS
+    raise ValueError(f"takes true or false, not {value!r}")
+
+
+def _to_number(value: Any, kind: type, name: str):
+    if isinstance(value, bool) or (kind is int and isinstance(value, float)):
+        raise ValueError(f"takes {name}, not {value!r}")
+    try:
+        return kind(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise ValueError(f"takes {name}, not {value!r}") from None
+
+
+def _setting(f: dataclasses.Field, value: Any, source: str) -> Any:
+    """`_convert`, a bad value stopping the start with one line naming where it came from."""
+    try:
+        return _convert(f, value)
+    except ValueError as exc:
+        raise SystemExit(f"{source} {exc}") from None
+
+
+def debug_requested(argv: list[str] | None = None,
+                    environ: Mapping[str, str] | None = None) -> bool:
+    """--debug (or INFERSTACK_DEBUG) as given, read before the settings are: a start error in
+    reading them shows its traceback too."""
+    for arg in reversed(sys.argv[1:] if argv is None else argv):
+        if arg in ("--debug", "--no-debug"):
+            return arg == "--debug"
+    value = (os.environ if environ is None else environ).get("INFERSTACK_DEBUG", "")
+    return value.strip().lower() in TRUE_WORDS
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise SystemExit(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"--config {path}: not valid TOML: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -344,8 +431,11 @@ def flat_settings(config: GatewayConfig) -> dict:
 
 
 def _add_flag(group, f: dataclasses.Field, help_text: str) -> None:
-    """A flag whose default is None, so that load_config can tell a flag given from one not."""
+    """A flag whose default is None, so that load_config can tell a flag given from one not;
+    its help names the setting's real default (`with_default`: once)."""
     flag = "--" + f.name.replace("_", "-")
+    if help_text is not argparse.SUPPRESS:
+        help_text = with_default(help_text, f.default)
     if "bool" in str(f.type):
         group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                            default=None, help=help_text)
@@ -354,33 +444,30 @@ def _add_flag(group, f: dataclasses.Field, help_text: str) -> None:
                            default=None, metavar=f.name.upper().removesuffix("S"),
                            help=help_text)
     else:
-        group.add_argument(flag, dest=f.name, default=None,
-                           help=f"{help_text} (default: {f.default})")
+        group.add_argument(flag, dest=f.name, default=None, help=help_text)
 
 
 def load_config(argv: list[str] | None = None,
                 environ: Mapping[str, str] | None = None) -> GatewayConfig:
     args = build_parser().parse_args(argv)
     environ = os.environ if environ is None else environ
-    values: dict = {}
-    if args.config:
-        with open(args.config, "rb") as fh:
-            values.update(tomllib.load(fh))
+    values: dict = _read_toml(args.config) if args.config else {}
     by_name = {f.name: f for f in [*gateway_fields(), *fields(EngineSettings)]}
     unknown = set(values) - set(by_name)
     if unknown:
         raise SystemExit(f"unknown settings in {args.config}: {', '.join(sorted(unknown))}")
-    for name in set(values) & {n for n, f in by_name.items() if "tuple" in str(f.type)}:
-        values[name] = _convert(by_name[name], values[name])
+    for name in values:
+        values[name] = _setting(by_name[name], values[name], f"{name} in {args.config}")
     for name, f in by_name.items():
         env = environ.get("INFERSTACK_" + name.upper())
         if env is not None:
-            values[name] = _convert(f, env)
+            values[name] = _setting(f, env, "INFERSTACK_" + name.upper())
         arg = getattr(args, name)
         if arg is not None:
-            values[name] = arg if isinstance(arg, bool) else _convert(f, arg)
+            values[name] = _setting(f, arg, "--" + name.replace("_", "-"))
     engine = EngineSettings(**{k: v for k, v in values.items() if k in _ENGINE_FIELDS})
     config = GatewayConfig(engine, **{k: v for k, v in values.items() if k not in _ENGINE_FIELDS})
+    config.check_port()
     config.check_fleet()
     config.check_engine()
     refuse_open_keyless(config)

@@ -29,8 +29,9 @@ import subprocess
 import sys
 import time
 
+from contract.errors import StartError
 from contract.frames import TOKEN_ENV
-from gateway.config import GatewayConfig, flat_settings
+from gateway.config import GatewayConfig, flat_settings, listen_problem
 
 log = logging.getLogger("gateway.supervisor")
 MAX_BACKOFF = 10.0  # seconds between restarts of a child that keeps dying young
@@ -114,6 +115,7 @@ class Fleet:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_stop)
         signal.signal(signal.SIGHUP, self._on_reload)
+        check_port(self.config.host, self.config.port)
         try:
             for w in self.workers:
                 w.start()
@@ -199,6 +201,20 @@ def child_environ(config: GatewayConfig, **changes) -> dict[str, str]:
         else:
             env[name] = str(value)
     return env
+
+
+def check_port(host: str, port: int) -> None:
+    """The gateways share host:port (SO_REUSEPORT): a port another server holds stops the
+    start now, in one line, not after the workers loaded, as gateways dying one by one."""
+    if port == 0:
+        return
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        with socket.create_server((host, port), family=family, reuse_port=True):
+            pass
+    except OSError as exc:  # gaierror included
+        raise StartError(listen_problem(host, port, exc)) from exc
 
 
 def _serve_argv(config: GatewayConfig, port: int) -> list[str]:

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._utils import (
+    cdiv,
     check,
     check_float,
     check_inner_contiguous,
@@ -15,7 +16,6 @@ from kernels._utils import (
     next_pow2,
     same_device,
     tl,
-    triton,
 )
 
 
@@ -52,6 +52,6 @@ def silu_and_mul_triton(gate_up: torch.Tensor, out: torch.Tensor | None = None) 
     rows = x2.shape[0]
     if rows and d:
         block = min(1024, next_pow2(d))
-        _silu_and_mul_kernel.on(device)[(rows, triton.cdiv(d, block))](
+        _silu_and_mul_kernel.on(device)[(rows, cdiv(d, block))](
             x2, o2, d, x2.stride(0), o2.stride(0), BLOCK=block, num_warps=4)
     return out

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._utils import (
+    cdiv,
     check,
     check_float,
     check_index,
@@ -21,7 +22,6 @@ from kernels._utils import (
     same_device,
     sm_count,
     tl,
-    triton,
 )
 
 MAX_SPLITS = 32
@@ -157,8 +157,8 @@ def pick_num_splits(batch: int, kv_heads: int, max_context: int, head_dim: int,
     Depends on shapes only (no device sync), so a captured CUDA graph keeps its launch grid.
     """
     block_n = block_n_for(head_dim)
-    want = triton.cdiv(2 * sm_count(device), batch * kv_heads)
-    most = max(1, triton.cdiv(max_context, 4 * block_n))
+    want = cdiv(2 * sm_count(device), batch * kv_heads)
+    most = max(1, cdiv(max_context, 4 * block_n))
     return int(max(1, min(want, most, MAX_SPLITS)))
 
 
@@ -209,8 +209,8 @@ def paged_decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor,
     max_context = block_tables.shape[1] * block_size
     if num_splits is None:
         num_splits = pick_num_splits(bsz, kv_heads, max_context, dim, device)
-    split_len = triton.cdiv(triton.cdiv(max(max_context, 1), num_splits), block_n) * block_n
-    num_splits = triton.cdiv(max(max_context, 1), split_len)
+    split_len = cdiv(cdiv(max(max_context, 1), num_splits), block_n) * block_n
+    num_splits = cdiv(max(max_context, 1), split_len)
     dot_f32 = device.type != "cuda" or q.dtype == torch.float32
 
     if num_splits == 1:  # write straight into the output, nothing to merge

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels._utils import (
+    cdiv,
     check,
     check_float,
     check_index,
@@ -19,7 +20,6 @@ from kernels._utils import (
     next_pow2,
     same_device,
     tl,
-    triton,
 )
 
 
@@ -199,7 +199,7 @@ def _launch(q, k_cache, v_cache, out, table, cu_q, prefix, one_q_len, one_prefix
     block_m = 64 if dim <= 128 else 32
     block_n = 64 if dim <= 64 else 32
     dot_f32 = q.device.type != "cuda" or q.dtype == torch.float32
-    grid = (num_seqs, triton.cdiv(max(max_q_len, 1), block_m), heads)
+    grid = (num_seqs, cdiv(max(max_q_len, 1), block_m), heads)
     _prefill_kernel.on(q.device)[grid](
         q, k_cache, v_cache, out, table, cu_q, prefix, one_q_len, one_prefix, float(scale),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),

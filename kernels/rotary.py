@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from kernels._utils import (
+    cdiv,
     check,
     check_float,
     check_inner_contiguous,
@@ -17,7 +18,6 @@ from kernels._utils import (
     next_pow2,
     same_device,
     tl,
-    triton,
 )
 
 
@@ -79,7 +79,7 @@ def apply_rotary_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
         return x
     half = dim // 2
     block_h = min(next_pow2(heads), max(1, 2048 // next_pow2(half)))
-    _rotary_kernel.on(device)[(tokens, triton.cdiv(heads, block_h))](
+    _rotary_kernel.on(device)[(tokens, cdiv(heads, block_h))](
         x, cos, sin, heads, x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
         HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_H=block_h, num_warps=4)
     return x

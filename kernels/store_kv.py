@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from kernels._utils import (
+    cdiv,
     check,
     check_float,
     check_index,
@@ -17,7 +18,6 @@ from kernels._utils import (
     next_pow2,
     same_device,
     tl,
-    triton,
 )
 
 
@@ -71,7 +71,7 @@ def store_kv_triton(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tenso
         return
     numel = kv_heads * dim
     block = min(1024, next_pow2(numel))
-    _store_kv_kernel.on(device)[(num_tokens, triton.cdiv(numel, block))](
+    _store_kv_kernel.on(device)[(num_tokens, cdiv(numel, block))](
         key, value, k_cache, v_cache, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),

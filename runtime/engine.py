@@ -10,10 +10,11 @@ import time
 import torch
 
 from contract.config import EngineConfig
-from contract.errors import DuplicateRequestError
+from contract.errors import DuplicateRequestError, StartError
 from contract.frames import KvEvents
 from contract.outputs import EngineCounters, RequestOutput, StepSample, StepStats
 from contract.sampling_params import SamplingParams
+from contract.tokenizer import load_chat_template
 from runtime.detokenizer import IncrementalDetokenizer
 from runtime.execution.overlap import InFlight, needs_ordered_steps, overlap_enabled
 from runtime.execution.runner import ModelRunner
@@ -33,14 +34,37 @@ from runtime.structured.manager import GrammarError, StructuredOutputs
 GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
 
 
+def check_device(device: str) -> None:
+    """A CUDA device this process cannot see is a StartError, not torch's AssertionError from
+    deep in the model's construction."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = "is a CPU-only build" if torch.version.cuda is None and torch.version.hip is None \
+            else "sees no GPU"
+        raise StartError(f"--device {device}: torch {torch.__version__} {build}; use --device "
+                         f"cpu, or a machine and a torch build with CUDA")
+
+
+def context_length(requested: int | None, model: str, model_context: int) -> int:
+    """--max-model-len, or the model's context; more than the model's context is refused, as
+    vLLM does: positions past what the model was trained on give garbage, not longer answers."""
+    if requested is None:
+        return model_context
+    if requested > model_context:
+        raise StartError(f"--max-model-len {requested} exceeds the context of {model} "
+                         f"({model_context} tokens); give at most {model_context}")
+    return requested
+
+
 class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig = EngineConfig()):
+        check_device(config.device)
         self.checkpoint = checkpoint
         self.model_config = checkpoint.config
-        self.tokenizer = checkpoint.tokenizer
+        self.tokenizer = checkpoint.tokenizer.with_chat_template(
+            load_chat_template(config.chat_template))
         self.config = config
-        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
-                                 self.model_config.max_position_embeddings)
+        self.max_model_len = context_length(config.max_model_len, self.model_config.name,
+                                            self.model_config.max_position_embeddings)
         self.runner = ModelRunner(self.model_config, checkpoint.weights, config)
         self.disk_cache = self._open_disk_cache()
         self.runner.disk = self.disk_cache
@@ -90,6 +114,7 @@ class LLMEngine:
     @classmethod
     def from_model_path(cls, path: str | None = None, config: EngineConfig = EngineConfig(),
                         cache_dir: str | None = None) -> LLMEngine:
+        check_device(config.device)  # before the load's seconds, not after them
         return cls(load_checkpoint(path, cache_dir=cache_dir), config)
 
     # ---- requests ---------------------------------------------------------------------

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from contract.errors import ModelLoadError
+from contract.errors import START_ERROR_EXIT, START_ERROR_PREFIX, StartError
 from contract.frames import (
     AbortRequest,
     AddRequest,
@@ -34,13 +34,12 @@ from contract.frames import (
     encode_frame,
     read_frame,
 )
-from contract.model_files import MODEL_LOAD_EXIT, MODEL_LOAD_PREFIX
 from gateway.workers.backoff import Backoff
 from gateway.workers.events import Placement, WorkerDied, WorkerEvents, ended
 from gateway.workers.output_stream import OutputStream
 
 log = logging.getLogger(__name__)
-_LOAD_PREFIX = MODEL_LOAD_PREFIX.encode()
+_START_PREFIX = START_ERROR_PREFIX.encode()
 __all__ = ["Placement", "WorkerDied", "WorkerEvents", "WorkerHandle", "ended", "supervise"]
 
 
@@ -64,15 +63,16 @@ class WorkerHandle:
         self.started_at = 0.0
         self._reader: asyncio.Task | None = None
         self._stderr: asyncio.Task | None = None
-        self._load_line = ""
-        self.load_error: str | None = None  # why its model did not load (ModelLoadError)
+        self._start_line = ""
+        self.start_error: str | None = None  # why it cannot start (its StartError line)
         self._closing = False
 
     # ---- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        """Spawn the worker and wait for its Ready frame. A worker that cannot load its model
-        exits with MODEL_LOAD_EXIT after one stderr line: that raises ModelLoadError with the
-        line (kept in `load_error`), and a worker that was never ready is not restarted."""
+        """Spawn the worker and wait for its Ready frame. A worker that cannot start (its model
+        does not load, a setting this machine cannot serve) exits with START_ERROR_EXIT after
+        one stderr line: that raises StartError with the line (kept in `start_error`), and a
+        worker that was never ready is not restarted."""
         self.ready.clear()
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "runtime.transport.worker", *self.argv,
@@ -89,18 +89,18 @@ class WorkerHandle:
             raise
         if not isinstance(message, Ready):
             await self.proc.wait()
-            if self.proc.returncode == MODEL_LOAD_EXIT:
+            if self.proc.returncode == START_ERROR_EXIT:
                 try:  # its last line, once the pipe closes
                     await asyncio.wait_for(asyncio.shield(self._stderr), 2.0)
                 except TimeoutError:
                     pass
-                self.load_error = self._load_line or f"worker {self.index}: model load failed"
-                raise ModelLoadError(self.load_error)
+                self.start_error = self._start_line or f"worker {self.index} cannot start"
+                raise StartError(self.start_error)
             raise RuntimeError(f"worker {self.index} did not start (exit {self.proc.returncode})")
         self._mark_ready(message, self._read_loop())
 
     async def _forward_stderr(self, stream: asyncio.StreamReader) -> None:
-        """Copy the worker's stderr to ours, except its model-load line, which is kept."""
+        """Copy the worker's stderr to ours, except its start-error line, which is kept."""
         out = getattr(sys.stderr, "buffer", None)
         while True:
             try:
@@ -109,8 +109,8 @@ class WorkerHandle:
                 line = await stream.read(1 << 16)
             if not line:
                 return
-            if line.startswith(_LOAD_PREFIX):
-                self._load_line = line[len(_LOAD_PREFIX):].decode(errors="replace").strip()
+            if line.startswith(_START_PREFIX):
+                self._start_line = line[len(_START_PREFIX):].decode(errors="replace").strip()
                 continue
             if out is not None:
                 out.write(line)
@@ -138,6 +138,11 @@ class WorkerHandle:
             await self.proc.wait()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
+        if self._stderr is not None:  # its last lines reach our log before we exit
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stderr), 2.0)
+            except TimeoutError:
+                pass
 
     def kill(self) -> None:
         """Stop at once, with no restart (the supervisor skips a closing worker)."""
@@ -158,7 +163,7 @@ class WorkerHandle:
         """Its process died on its own: `supervise` starts a fresh one."""
         return self.proc is not None and self.proc.returncode is not None \
             and not self.ready.is_set() and not self._closing \
-            and not (self.load_error and self.info is None)  # never loaded: it never will
+            and not (self.start_error and self.info is None)  # never started: it never will
 
     # ---- requests -----------------------------------------------------------------------
     def submit(self, messages: list[AddRequest], stream: OutputStream, priority: int,

@@ -46,7 +46,7 @@ from contract.frames import (
     read_frame_blocking,
 )
 from contract.gc_tuning import tune_gc_for_serving
-from runtime.transport.worker import StreamLink, Worker, build_engine, build_parser, model_defaults
+from runtime.transport.worker import StreamLink, Worker, build_parser, start_engine
 
 log = logging.getLogger("runtime.transport.serve")
 HANDSHAKE_SECONDS = 10.0  # a peer that has not proved the secret by then is dropped
@@ -327,7 +327,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     token = os.environ.get(TOKEN_ENV) or None
     check_exposure(args.host, token)
-    worker = SharedWorker(build_engine(args), model_defaults(args))
+    worker = SharedWorker(*start_engine(args))  # a start error: one line, exit 3
     worker.drain_kv_events()  # a fresh engine's: each greeting's snapshot holds them
     server = socket.create_server((args.host, args.port), backlog=64)  # SO_REUSEADDR: restarts
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,15 +16,24 @@ pipe worker.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import queue
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
-from contract.engine_settings import add_worker_flags, settings_from_args
-from contract.errors import ModelLoadError, RuntimeErrorBase
+from contract.engine_settings import add_worker_flags, check_on_this_host, settings_from_args
+from contract.errors import (
+    LOG_FORMAT,
+    START_ERROR_EXIT,
+    START_ERROR_PREFIX,
+    RuntimeErrorBase,
+    StartError,
+    one_line,
+)
 from contract.frames import (
     AbortRequest,
     AddRequest,
@@ -42,11 +51,11 @@ from contract.frames import (
     read_frame_blocking,
 )
 from contract.gc_tuning import tune_gc_for_serving
-from contract.model_files import MODEL_LOAD_EXIT, MODEL_LOAD_PREFIX
 from contract.outputs import RequestOutput, StepStats
 from runtime.execution.device_stats import DeviceStats
 
 IDLE_STATS_SECONDS = 1.0
+log = logging.getLogger("runtime.transport.worker")
 
 
 @dataclass(frozen=True)
@@ -283,6 +292,8 @@ def build_parser(prog: str = "python -m runtime.transport.worker") -> argparse.A
                    help="simulated seconds of work per fake engine step, in milliseconds")
     p.add_argument("--fake-kv-blocks", type=int, default=4096,
                    help="the fake engine's KV blocks of 16 tokens (its reported capacity)")
+    p.add_argument("--debug", action="store_true",
+                   help="a start error's traceback too, not only its line")
     return p
 
 
@@ -293,14 +304,59 @@ def parse_args(argv=None):
 def build_engine(args):
     settings = settings_from_args(args)
     if args.fake:
-        from runtime.fake_engine import FakeEngine
-        return FakeEngine(step_seconds=args.fake_step_ms / 1000,
-                          max_num_seqs=settings.max_num_seqs, num_blocks=args.fake_kv_blocks)
+        return _fake_engine(args, settings)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     from runtime.engine import LLMEngine
     return LLMEngine.from_model_path(args.model, settings.engine_config())
+
+
+def _fake_engine(args, settings):
+    """The fake engine with the settings it models: the context and the chat template (the
+    real engine applies both itself, runtime/engine.py)."""
+    from runtime.fake_engine import FakeEngine
+    extra: dict = {}
+    if settings.max_model_len:
+        extra["max_model_len"] = settings.max_model_len
+    if settings.chat_template:
+        from contract.tokenizer import load_chat_template
+        from runtime.loading.gguf import read_gguf_tokenizer
+        from runtime.loading.loader import default_model_path
+        extra["tokenizer"] = read_gguf_tokenizer(default_model_path()).with_chat_template(
+            load_chat_template(settings.chat_template))
+    return FakeEngine(step_seconds=args.fake_step_ms / 1000,
+                      max_num_seqs=settings.max_num_seqs, num_blocks=args.fake_kv_blocks,
+                      **extra)
+
+
+def start_engine(args):
+    """(engine, the model's sampling defaults); a StartError (or any error: one at start is
+    not cured by a restart) is reported in one line after START_ERROR_PREFIX, its traceback
+    only with --debug, and ends the process with START_ERROR_EXIT."""
+    started = time.monotonic()
+    try:
+        check_on_this_host(settings_from_args(args), fake=args.fake)  # before seconds of loading
+        engine = build_engine(args)
+        defaults = model_defaults(args)
+    except Exception as exc:  # noqa: BLE001 - every kind becomes the one line the gateway reports
+        if args.debug:
+            traceback.print_exc()
+        print(f"{START_ERROR_PREFIX}{_start_error_line(exc)}", file=sys.stderr, flush=True)
+        raise SystemExit(START_ERROR_EXIT) from None
+    info = engine.info()
+    weights = info.get("quantization") or "none"
+    log.info("worker pid %d ready in %.1f s: %s on %s, %s weights, context %d, %d KV blocks",
+             os.getpid(), time.monotonic() - started, info.get("model"), info.get("device"),
+             "float" if weights == "none" else weights, info.get("max_model_len", 0),
+             info.get("num_blocks", 0))
+    return engine, defaults
+
+
+def _start_error_line(exc: Exception) -> str:
+    if isinstance(exc, StartError):
+        return one_line(exc)
+    return f"worker cannot start: {type(exc).__name__}: {one_line(exc)} (--debug shows where)"
 
 
 def model_defaults(args) -> dict:
@@ -317,14 +373,10 @@ def main(argv=None) -> int:
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # nothing but frames may reach the gateway's pipe, not even C-level prints
     sys.stdout = sys.stderr
+    # the gateway copies this stderr into its own log, line by line: the same format there
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=LOG_FORMAT)
     frames_in = os.fdopen(0, "rb")
-    try:
-        engine = build_engine(args)
-        defaults = model_defaults(args)
-    except ModelLoadError as exc:  # one line, no traceback: the gateway reports it and stops
-        message = " ".join(str(exc).split())
-        print(f"{MODEL_LOAD_PREFIX}{message}", file=sys.stderr, flush=True)
-        return MODEL_LOAD_EXIT
+    engine, defaults = start_engine(args)
     worker = Worker(engine, frames_out)
     if args.kv_store:
         worker.enable_disagg(args.kv_store)

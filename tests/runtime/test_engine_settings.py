@@ -20,13 +20,15 @@ NON_DEFAULT = {"device": "cuda", "kv_cache_gb": 0.5, "max_num_seqs": 8,
                "max_num_batched_tokens": 256, "prefix_caching": False,
                "disk_cache_dir": "/tmp/kv-disk", "spec": "self:2", "num_spec_tokens": 3,
                "quantization": "int4", "thread_policy": "fixed", "overlap": "on",
-               "kv_cache_dtype": "float32"}
+               "kv_cache_dtype": "float32", "max_model_len": 1024,
+               "chat_template": "{{ messages[0]['content'] }}"}
 NON_DEFAULT_ENGINE = EngineConfig(device="cuda", kv_cache_bytes=1 << 29, max_num_seqs=8,
                                   max_num_batched_tokens=256, enable_prefix_caching=False,
                                   disk_cache_dir="/tmp/kv-disk", spec="self:2",
                                   num_spec_tokens=3, quantization="int4",
                                   thread_policy="fixed", overlap="on",
-                                  kv_cache_dtype="float32")
+                                  kv_cache_dtype="float32", max_model_len=1024,
+                                  chat_template="{{ messages[0]['content'] }}")
 
 
 @pytest.fixture
@@ -84,11 +86,16 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
                        "--disk-cache-dir", "/tmp/kv-disk", "--spec", "self:2",
                        "--num-spec-tokens", "3", "--quantization", "int4",
                        "--thread-policy", "fixed", "--overlap", "on",
-                       "--kv-cache-dtype", "float32", "--kv-store", "127.0.0.1:1", "--fake",
+                       "--kv-cache-dtype", "float32", "--max-model-len", "1024",
+                       "--chat-template", "{{ messages[0]['content'] }}",
+                       "--kv-store", "127.0.0.1:1", "--fake",
                        "--fake-step-ms", "5"])
     assert (args.model, args.threads, args.kv_store, args.fake, args.fake_step_ms) == (
         "m.gguf", 2, "127.0.0.1:1", True, 5.0)
-    assert build_engine(args) == {"step_seconds": 0.005, "max_num_seqs": 8, "num_blocks": 4096}
+    args.chat_template = None  # the fake engine would read the model's tokenizer to apply it
+    assert build_engine(args) == {"step_seconds": 0.005, "max_num_seqs": 8, "num_blocks": 4096,
+                                  "max_model_len": 1024}
+    args.chat_template = "{{ messages[0]['content'] }}"
     args.fake = False
     assert build_engine(args) == NON_DEFAULT_ENGINE
 
