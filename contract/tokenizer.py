@@ -16,6 +16,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, proc
 from tokenizers import Tokenizer as Backend
 
 from contract.errors import InvalidRequestError, ModelLoadError, StartError, one_line
+from contract.gguf_spm import decodes_byte_fallback, piece_bytes, spm_backend
 from contract.json_files import read_json
 from contract.tool_template import fallback, for_template, uses_tools
 
@@ -84,6 +85,8 @@ class Tokenizer:
         added = backend.get_added_tokens_decoder()
         self._special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
+        # SentencePiece-style: "▁" is a space and `<0xNN>` pieces are single bytes
+        self._byte_fallback = not self._byte_level and decodes_byte_fallback(backend)
         self._template = _compile(chat_template)
         # a template that reads `tools` has its own tool syntax; others get the fallback
         self.template_knows_tools = chat_template is not None and "tools" in \
@@ -93,22 +96,29 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict) -> Tokenizer:
-        """From the `tokenizer.ggml.*` values (keys without that prefix) and `chat_template`."""
-        if meta.get("model") != "gpt2":
+        """From the `tokenizer.ggml.*` values (keys without that prefix) and `chat_template`:
+        byte-level BPE ("gpt2") or SentencePiece ("llama", contract/gguf_spm.py)."""
+        model = meta.get("model")
+        if model not in ("gpt2", "llama"):
             raise ModelLoadError(
-                f"unsupported GGUF tokenizer model {meta.get('model')!r} (want gpt2)")
+                f"unsupported GGUF tokenizer model {model!r} (want gpt2 or llama)")
         tokens, types = meta["tokens"], meta.get("token_type") or [1] * len(meta["tokens"])
-        merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or ()]
-        backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
-        backend.pre_tokenizer = _pre_tokenizer(meta.get("pre"))
-        backend.decoder = decoders.ByteLevel()
-        # whole-match control tokens, else "<|im_start|>" would be split into pieces
-        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                    for t, k in zip(tokens, types) if k == CONTROL_TOKEN])
-        backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                            for t, k in zip(tokens, types) if k == USER_DEFINED_TOKEN])
+        if model == "llama":  # its control and user-defined tokens are added there
+            backend = spm_backend(meta)
+        else:
+            merges = [tuple(m.split(" ", 1)) for m in meta.get("merges") or ()]
+            backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                                         merges=merges))
+            backend.pre_tokenizer = _pre_tokenizer(meta.get("pre"))
+            backend.decoder = decoders.ByteLevel()
+            # whole-match control tokens, else "<|im_start|>" would be split into pieces
+            backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                        for t, k in zip(tokens, types) if k == CONTROL_TOKEN])
+            backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                                for t, k in zip(tokens, types) if k == USER_DEFINED_TOKEN])
         bos = meta.get("bos_token_id")
-        add_bos = bool(meta.get("add_bos_token", False)) and bos is not None
+        # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+        add_bos = bool(meta.get("add_bos_token", model == "llama")) and bos is not None
         if add_bos:
             bos_text = tokens[bos]
             backend.post_processor = processors.TemplateProcessing(
@@ -188,7 +198,11 @@ class Tokenizer:
         piece = self.backend.id_to_token(token_id)
         if piece is None:
             raise InvalidRequestError(f"token id {token_id} is out of range", param="token_ids")
-        if token_id in self._special_ids or not self._byte_level:
+        if token_id in self._special_ids:
+            return piece.encode("utf-8")
+        if self._byte_fallback:
+            return piece_bytes(piece)
+        if not self._byte_level:
             return piece.encode("utf-8")
         table = _byte_decoder()
         return bytes(table[c] for c in piece) if all(c in table for c in piece) else piece.encode()
