@@ -18,6 +18,11 @@ checked against its reference first (a few sequences of it, so the reference fit
     python -m bench.kernels --smoke    # tiny shapes on the CPU (Triton's interpreter): checks
                                        # the script itself, measures nothing
 Writes bench/results/kernels.json and prints markdown tables.
+
+    python -m bench.kernels --cpu-blocks   # no GPU: the CPU block kernels (kernels/cpu/
+                                           # block_ops.c) on a GGUF's own Q4_1, Q4_K and Q6_K
+                                           # blocks against torch's float GEMM on the float
+                                           # copy they replace, per shape and step size
 """
 from __future__ import annotations
 
@@ -250,6 +255,93 @@ def kernel_vs_reference(args) -> list[dict]:
     return rows
 
 
+# (N, K) of a small model's projections (SmolLM2-135M: 576 hidden, 1536 intermediate, 49152
+# vocabulary; K = 576 is no multiple of 256, so no K-quant there), a Qwen3-0.6B-like pair
+# that is, and a 3B Llama's MLP
+CPU_BLOCK_SHAPES = [(576, 1536), (1536, 576), (49152, 576), (1024, 3072), (3072, 1024),
+                    (3072, 8192), (8192, 3072)]
+CPU_BLOCK_TOKENS = [1, 4, 16, 64, 256, 512]
+
+
+def _random_blocks(fmt: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """[n, k/256, bytes] K-quant super-blocks: random bytes, float16 fields finite (any such
+    bytes are a valid block; the timing depends on the layout, not the values)."""
+    from kernels import cpu_ops
+    size = cpu_ops.KQUANT_BYTES[fmt]
+    raw = torch.randint(0, 256, (n, k // 256, size), dtype=torch.uint8, generator=gen)
+    halves = (torch.randn(n, k // 256, 2, generator=gen) * 0.01).half().view(torch.uint8)
+    if fmt == cpu_ops.BLOCK_Q6_K:
+        raw[..., 208:210] = halves[..., :2]  # d, the block's last field
+    else:
+        raw[..., :4] = halves  # d, dmin, its first
+    return raw
+
+
+def cpu_block_sweep(shapes, tokens, budget_s: float = 0.3) -> list[dict]:
+    """Per shape, format and step size: the block kernel (row groups up to its small-step
+    limit, panels above) against F.linear on the float32 weights, each the best of calls
+    interleaved for `budget_s` (the machine may be shared: the least disturbed call)."""
+    import torch.nn.functional as F
+
+    from kernels import cpu_ops
+    from runtime.loading.quantization import Int4Weight
+    from testkit.q4_weights import q4_1_weight
+    if not cpu_ops.available():
+        raise SystemExit("the compiled CPU kernels are unavailable: nothing to time")
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for n, k in shapes:
+        forms = [("Q4_1", cpu_ops.BLOCK_Q4)]
+        if k % 256 == 0:
+            forms += [("Q4_K", cpu_ops.BLOCK_Q4_K), ("Q6_K", cpu_ops.BLOCK_Q6_K)]
+        for name, code in forms:
+            if code == cpu_ops.BLOCK_Q4:
+                p = Int4Weight(q4_1_weight(n, k))
+                qs, d, m = p.qs, p.d, p.m
+            else:
+                qs, d, m = _random_blocks(code, n, k, gen), None, None
+            dense = cpu_ops.block_dequantize(qs, code, d, m)
+            for t in tokens:
+                x = torch.randn(t, k, generator=gen)
+                ours, theirs = [], []
+                cpu_ops.block_linear(x, qs, code, d, m)
+                F.linear(x, dense)
+                end = time.perf_counter() + budget_s
+                while time.perf_counter() < end or len(ours) < 3:
+                    t0 = time.perf_counter()
+                    cpu_ops.block_linear(x, qs, code, d, m)
+                    t1 = time.perf_counter()
+                    F.linear(x, dense)
+                    ours.append(t1 - t0)
+                    theirs.append(time.perf_counter() - t1)
+                rows.append({"n": n, "k": k, "format": name, "tokens": t,
+                             "block_ms": 1e3 * min(ours), "float_ms": 1e3 * min(theirs)})
+                log(f"{n}x{k} {name} T={t}: {rows[-1]['block_ms']:.3f} ms, float "
+                    f"{rows[-1]['float_ms']:.3f} ms")
+    return rows
+
+
+def cpu_blocks_main(args) -> None:
+    threads = torch.get_num_threads() if args.threads is None else args.threads
+    torch.set_num_threads(threads)
+    rows = cpu_block_sweep(CPU_BLOCK_SHAPES, CPU_BLOCK_TOKENS)
+    print(f"\n## CPU block kernels against F.linear on the float copy ({threads} threads)\n")
+    print("Each cell: block kernel ms / float ms (ratio; below 1 the blocks are faster).\n")
+    keys = sorted({(r["n"], r["k"], r["format"]) for r in rows},
+                  key=lambda key: (CPU_BLOCK_SHAPES.index(key[:2]), key[2]))
+    cell = {(r["n"], r["k"], r["format"], r["tokens"]): r for r in rows}
+    print(markdown_table(
+        ["N x K", "format"] + [f"T={t}" for t in CPU_BLOCK_TOKENS],
+        [[f"{n}x{k}", name] + [
+            f"{fmt(c['block_ms'], 3)} / {fmt(c['float_ms'], 3)} "
+            f"({c['block_ms'] / c['float_ms']:.2f}x)"
+            for c in (cell[(n, k, name, t)] for t in CPU_BLOCK_TOKENS)]
+         for n, k, name in keys]))
+    path = write_json(args.out.replace("kernels.json", "cpu_blocks.json"),
+                      {"threads": threads, "rows": rows, "torch": torch.__version__})
+    log(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="batch 64, contexts 1k and 8k")
@@ -260,7 +352,13 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="tokens of the elementwise ops")
     ap.add_argument("--out", default=str(REPO_ROOT / "bench" / "results" / "kernels.json"))
     ap.add_argument("--smoke", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cpu-blocks", action="store_true",
+                    help="time the CPU block kernels against torch's float GEMM (no GPU)")
+    ap.add_argument("--threads", type=int, default=None, help="with --cpu-blocks")
     args = ap.parse_args()
+    if args.cpu_blocks:
+        cpu_blocks_main(args)
+        return
     global DEVICE
     if args.smoke:
         import kernels

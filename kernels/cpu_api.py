@@ -13,11 +13,20 @@ from types import SimpleNamespace
 
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
+# api.h's BLOCK_* weight formats of the block kernels (kernels/cpu/block_ops.c has the layouts):
+# the split forms keep their old `bits` as codes, a file's K-quant super-blocks ggml's type
+# numbers (tests/kernels/test_bindings.py reads the header's enum against this table)
+BLOCK_FORMATS = {"BLOCK_Q4": 4, "BLOCK_Q8": 8, "BLOCK_Q4_K": 12, "BLOCK_Q5_K": 13,
+                 "BLOCK_Q6_K": 14}
+
 
 class Matrix(ctypes.Structure):
-    _fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I),
-                ("qs", _P), ("d16", _P), ("m16", _P), ("bits", _I), ("small_rows", _I),
-                ("dense", _P)]
+    """One projection (a chain of them where its rows come in several block formats)."""
+
+
+Matrix._fields_ = [("q", _P), ("panels", _P), ("scale", _P), ("bias", _P), ("n", _I), ("k", _I),
+                   ("qs", _P), ("d16", _P), ("m16", _P), ("format", _I), ("small_rows", _I),
+                   ("dense", _P), ("next", ctypes.POINTER(Matrix))]
 
 
 class LayerWeights(ctypes.Structure):
@@ -58,6 +67,7 @@ SIGNATURES = {
     "is_int8_linear": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_int8_linear_panels": ([_P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _C], None),
     "is_block_linear": ([_P, _I, _I, _P, _C, _P, _P, _P, _I, _I, _P, _I, _C], None),
+    "is_block_dequantize": ([_P, _C, _P, _P, _I, _I, _P, _I, _C], None),
     "is_f32_linear": ([_P, _I, _I, _P, _P, _I, _I, _P, _I, _C], None),
     "is_rms_norm": ([_P, _I, _P, _I, _P, _P, _P, _I, _I, _F, _C], None),
     "is_silu_and_mul": ([_P, _I, _P, _I, _I, _C], None),

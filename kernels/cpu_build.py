@@ -41,8 +41,10 @@ SOURCE_DIR = Path(__file__).parent / "cpu"
 SOURCES = ("decode_ops.c", "block_ops.c", "f32_ops.c", "attention.c", "decode_layer.c")
 # -fvisibility=hidden: only api.h's IS_API functions are exported (tests/kernels/
 # test_bindings.py compares the export list with the header and the ctypes table)
+# -ffp-contract=off: a product and a sum stay two roundings (the K-quants' dequantization must
+# round as ggml's does, block_ops.c); the ISO mode -std=c11 implies it with GCC, not with clang
 BASE_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared", "-std=c11",
-              "-fvisibility=hidden")
+              "-fvisibility=hidden", "-ffp-contract=off")
 REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 # where the CPU has them, the block kernels run 16 lanes wide (block_ops.c); INFERSTACK_CPU_ISA=avx2
 # loads the AVX2 variant anyway (the tests check both on an AVX-512 machine)

@@ -1,10 +1,12 @@
 """The fused CPU decode layer (kernels/cpu/decode_layer.c): what it reads, and when it runs.
 
-A model whose every projection is int8, or a file's own blocks with its float copy (int4), on
-the compiled ops gets a `FusedDecoder`. For a step of decodes only, float32, no larger than
-every projection's limit (its int8 crossover, runtime/models/linear.py; `F32_MAX_ROWS` for int4), it
-runs each layer as one C call instead of ten ops; any other step (prefill or extend
-chunks, a large batch, another dtype) takes the op-by-op path, which computes the same thing.
+A model whose every projection is int8, or a file's own blocks (Q4/Q8 with its float copy,
+int4; K-quants without one, runtime/loading/kquant_weights.py), on the compiled ops gets a
+`FusedDecoder`. For a step of decodes only, float32, no larger than every projection's limit
+(its int8 crossover, runtime/models/linear.py; `F32_MAX_ROWS` for a block weight with a float
+copy; none for one without), it runs each layer as one C call instead of ten ops; any other
+step (prefill or extend chunks, a large batch, another dtype) takes the op-by-op path, which
+computes the same thing.
 The weight pointers are gathered once into C structs; the model keeps the tensors alive.
 """
 from __future__ import annotations
@@ -19,36 +21,66 @@ from kernels.cpu_api import LayerWeights, Matrix, StepCache  # mirrored from ker
 # a block weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
 # (every decode-only step the default 64-sequence batch makes), op by op beyond
 F32_MAX_ROWS = 128
+# a block weight without a float copy (a K-quant) runs its blocks fused at any decode-only
+# step: the kernel dequantizes panels itself, so no size needs another path
+BLOCK_MAX_ROWS = 1 << 30
 
 
-def _matrix(linear) -> Matrix | None:
-    """The C view of a Linear: its int8 form, or the file's own blocks with the float copy;
-    None for a float-only weight."""
+def _dense(linear) -> torch.Tensor | None:
+    """The float copy the C layer may read for a block weight's larger steps: float32,
+    contiguous; None where the Linear keeps none (a K-quant's blocks serve every size)."""
+    w = getattr(linear, "weight", None)
+    if isinstance(w, torch.Tensor) and w.dtype == torch.float32 and w.is_contiguous():
+        return w
+    return None
+
+
+def _matrix(linear, keep: list) -> Matrix | None:
+    """The C view of a Linear: its int8 form, or the file's own blocks (with the float copy
+    where it keeps one; a chain of matrices where its rows come in several block forms, the
+    later ones appended to `keep`, which must outlive the view); None for a float-only
+    weight."""
     packed, small = linear.packed, linear.small
     if packed is None and small is None:
         return None
-    int8 = (None, None, None) if packed is None else (
-        packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr())
-    blocks = (None, None, None, 0, 0) if small is None else (
-        small.qs.data_ptr(), small.d.data_ptr(), None if small.m is None else small.m.data_ptr(),
-        small.bits, linear.max_small_rows)
     bias = None if linear.bias is None else linear.bias.data_ptr()
-    return Matrix(*int8, bias, *linear.shape, *blocks, linear.weight.data_ptr())
+    if packed is not None:
+        return Matrix(packed.q.data_ptr(), packed.panels.data_ptr(), packed.scale.data_ptr(),
+                      bias, *linear.shape)
+    dense, k = _dense(linear), small.shape[1]
+    parts = getattr(small, "parts", (small,))  # StackedBlocks: one matrix per block form
+    chain, at = [], 0
+    for part in parts:
+        chain.append(Matrix(
+            None, None, None, None if bias is None else bias + 4 * at, part.shape[0], k,
+            part.qs.data_ptr(), None if part.d is None else part.d.data_ptr(),
+            None if part.m is None else part.m.data_ptr(), cpu_ops.block_format(part),
+            linear.max_small_rows, None if dense is None else dense.data_ptr()))
+        at += part.shape[0]
+    for head, tail in zip(chain, chain[1:]):
+        head.next = ctypes.pointer(tail)
+    keep += chain[1:]  # the first is copied into its LayerWeights; `next` points at these
+    return chain[0]
 
 
 def _max_rows(linear) -> int:
     """Up to how many rows the fused layer runs this weight: its int8 crossover, or for a
-    block weight (no int8 form) what the float kernel covers."""
-    return linear.max_quant_rows if linear.packed is not None else F32_MAX_ROWS
+    block weight (no int8 form) what the float kernel covers; a block weight without a float
+    copy runs its blocks at any size (the kernel's panels), bounded by the decode batch."""
+    if linear.packed is not None:
+        return linear.max_quant_rows
+    return F32_MAX_ROWS if _dense(linear) is not None else BLOCK_MAX_ROWS
 
 
 class FusedDecoder:
     def __init__(self, layers):
         self._fn = cpu_ops.api().decode_layer
         self.weights = []
+        self._chained: list[Matrix] = []  # the matrices `next` points at (a chain's tail)
         rows = []
         for layer in layers:
-            mats = [_matrix(lin) for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+            mats = [_matrix(lin, self._chained)
+                    for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
             self.weights.append(LayerWeights(
                 layer.input_norm.shape[0], layer.num_heads, layer.num_kv_heads, layer.head_dim,
                 layer.down.shape[1], layer.eps, layer.attn.scale, layer.input_norm.data_ptr(),
@@ -58,8 +90,8 @@ class FusedDecoder:
         # above the smallest crossover some projection runs its float copy: op by op then
         self.max_rows = min(rows)
         w = self.weights[0]
-        self.floats_per_row = (w.qkv.n + w.heads * w.head_dim + 2 * w.inter + w.inter
-                               + w.hidden)
+        self.floats_per_row = (layers[0].qkv.shape[0] + w.heads * w.head_dim + 2 * w.inter
+                               + w.inter + w.hidden)
 
     @classmethod
     def build(cls, layers, dtype: torch.dtype) -> FusedDecoder | None:
@@ -68,8 +100,8 @@ class FusedDecoder:
             return None
         for layer in layers:
             lins = (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
-            if any(_matrix(lin) is None or lin.weight.dtype != torch.float32
-                   or not lin.weight.is_contiguous() for lin in lins) \
+            # int8 needs no float copy, nor does a block weight without one (_max_rows)
+            if any(lin.packed is None and lin.small is None for lin in lins) \
                     or layer.o_proj.bias is not None \
                     or layer.gate_up.bias is not None or layer.down.bias is not None:
                 return None

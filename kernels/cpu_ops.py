@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from kernels.cpu_api import AttentionArgs, StoreKVArgs, bind
+from kernels.cpu_api import BLOCK_FORMATS, AttentionArgs, StoreKVArgs, bind
 from kernels.cpu_build import load
 
 _lib: Any = None  # the bound API once available() built it; every wrapper runs after that check
@@ -96,19 +96,60 @@ def int8_linear_panels(x: torch.Tensor, panels: torch.Tensor, scale: torch.Tenso
     return y
 
 
-def block_linear(x: torch.Tensor, qs: torch.Tensor, bits: int, d: torch.Tensor,
-                 m: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, K] float32 times a weight in a GGUF's blocks of 32 inputs (runtime/loading/
-    quantization.py: 4 bits, `Int4Weight`: qs [N, K/32, 16] nibbles and float16 d, m [N, K/32];
-    8 bits, `Int8BlockWeight`: qs [N, K/32, 32] int8 and float16 d) + bias [N]."""
+# api.h's BLOCK_* codes (kernels/cpu/block_ops.c has the layouts): the split forms' codes are
+# their bits, so `Int4Weight.bits` and `Int8BlockWeight.bits` pass as they are
+BLOCK_Q4, BLOCK_Q8 = BLOCK_FORMATS["BLOCK_Q4"], BLOCK_FORMATS["BLOCK_Q8"]
+BLOCK_Q4_K, BLOCK_Q5_K, BLOCK_Q6_K = (BLOCK_FORMATS[f"BLOCK_Q{b}_K"] for b in (4, 5, 6))
+# a K-quant's super-block: 256 inputs in this many bytes (ggml's block_q4_K, _q5_K, _q6_K)
+KQUANT_BLOCK = 256
+KQUANT_BYTES = {BLOCK_Q4_K: 144, BLOCK_Q5_K: 176, BLOCK_Q6_K: 210}
+
+
+def block_format(weight) -> int:
+    """The BLOCK_* code of a block weight: a K-quant's `format` (runtime/loading/
+    kquant_weights.py), else the split forms' `bits` (runtime/loading/quantization.py)."""
+    fmt = getattr(weight, "format", None)
+    return int(fmt if fmt is not None else weight.bits)
+
+
+def _block_shape(qs: torch.Tensor, fmt: int) -> tuple[int, int]:
+    """(N, K) of a block weight's qs: [N, K/32, 16 or 32] split, [N, K/256, bytes] K-quant."""
+    return qs.shape[0], qs.shape[1] * (KQUANT_BLOCK if fmt in KQUANT_BYTES else 32)
+
+
+def block_linear(x: torch.Tensor, qs: torch.Tensor, fmt: int, d: torch.Tensor | None,
+                 m: torch.Tensor | None, bias: torch.Tensor | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, K] float32 times a weight in a GGUF's blocks + bias [N], `fmt` a BLOCK_* code:
+    BLOCK_Q4 (4, `Int4Weight`: qs [N, K/32, 16] nibbles and float16 d, m [N, K/32]),
+    BLOCK_Q8 (8, `Int8BlockWeight`: qs [N, K/32, 32] int8 and float16 d), or a K-quant
+    (runtime/loading/kquant_weights.py: qs the file's super-blocks, uint8 [N, K/256, bytes],
+    d and m None). Any step size: larger ones dequantize panels of rows in the kernel.
+    `out`: a float32 [T, N] view with a unit inner stride (columns of a wider output) to
+    write into instead of a new tensor."""
     x = _rows(x)
-    n, k = qs.shape[0], qs.shape[1] * 32
-    y = torch.empty(x.shape[0], n, dtype=torch.float32)
-    _lib.block_linear(x.data_ptr(), x.shape[0], x.stride(0), qs.data_ptr(), bits, d.data_ptr(),
-                      None if m is None else m.data_ptr(),
-                      None if bias is None else bias.data_ptr(), n, k, y.data_ptr(), n,
-                      torch.get_num_threads())
-    return y
+    n, k = _block_shape(qs, fmt)
+    if out is None:
+        out = torch.empty(x.shape[0], n, dtype=torch.float32)
+    elif out.shape != (x.shape[0], n) or out.dtype != torch.float32 or out.stride(-1) != 1:
+        raise ValueError(f"out must be float32 [{x.shape[0]}, {n}] with a unit inner stride")
+    _lib.block_linear(x.data_ptr(), x.shape[0], x.stride(0), qs.data_ptr(), fmt,
+                      None if d is None else d.data_ptr(), None if m is None else m.data_ptr(),
+                      None if bias is None else bias.data_ptr(), n, k, out.data_ptr(),
+                      out.stride(0), torch.get_num_threads())
+    return out
+
+
+def block_dequantize(qs: torch.Tensor, fmt: int, d: torch.Tensor | None = None,
+                     m: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight `block_linear` multiplies by, as float32 [N, K]: for the K-quants exactly
+    the `gguf` package's (and ggml's) dequantization of the same blocks."""
+    n, k = _block_shape(qs, fmt)
+    w = torch.empty(n, k, dtype=torch.float32)
+    _lib.block_dequantize(qs.data_ptr(), fmt, None if d is None else d.data_ptr(),
+                          None if m is None else m.data_ptr(), n, k, w.data_ptr(), k,
+                          torch.get_num_threads())
+    return w
 
 
 def f32_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None

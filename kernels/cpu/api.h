@@ -13,19 +13,31 @@
 
 #define IS_API __attribute__((visibility("default")))
 
+/* the weight formats of the block kernels (block_ops.c describes each layout): the split
+ * forms the runtime builds from a file's Q4_0/Q4_1 and Q8_0 blocks (qs, with float16 d and m
+ * apart; the codes are their old `bits`), and a file's K-quant super-blocks as its own bytes
+ * (the codes are ggml's type numbers). kernels/cpu_api.py mirrors them (BLOCK_FORMATS). */
+enum { BLOCK_Q4 = 4, BLOCK_Q8 = 8, BLOCK_Q4_K = 12, BLOCK_Q5_K = 13, BLOCK_Q6_K = 14 };
+
 /* one projection in the forms it has: int8 (q, panels, scale; NULL: none), the file's own
- * blocks (qs, d16, m16, bits; block_ops.c) for steps of up to small_rows rows, and the float
- * weight */
-typedef struct {
+ * blocks (qs, d16, m16 in a BLOCK_* format; block_ops.c) for steps of up to small_rows rows,
+ * and the float weight; a block weight without a float copy (dense NULL) runs its blocks at
+ * every step size. A projection whose rows a file holds in two or more block formats (a
+ * fused q/k/v of a Q4_K_M file: q and k in Q4_K, v in Q6_K) is a chain: this Matrix's n rows
+ * in its format, then `next`'s rows in theirs (its bias the following rows' own), all into
+ * one output; the int8 fields, small_rows and dense (of every row, with the whole bias) are
+ * read from the first only. */
+typedef struct Matrix {
     const int8_t *q;
     const int8_t *panels; /* the int8 weight in panels (decode_ops.c); NULL: rows only */
     const float *scale;
     const float *bias; /* NULL: none */
     int64_t n, k;
     const uint8_t *qs;
-    const uint16_t *d16, *m16;
-    int64_t bits, small_rows;
-    const float *dense; /* [n, k]: read only by a 4-bit weight's larger steps */
+    const uint16_t *d16, *m16; /* NULL for the K-quants, whose scales are in their blocks */
+    int64_t format, small_rows;
+    const float *dense; /* [rows, k] or NULL: read only by a block weight's larger steps */
+    const struct Matrix *next; /* the following rows in another block format; NULL: none */
 } Matrix;
 
 /* one decoder layer's shapes and weights (decode_layer.c) */
@@ -77,10 +89,15 @@ IS_API void is_int8_linear(const float *x, int64_t T, int64_t ldx, const int8_t 
 IS_API void is_int8_linear_panels(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
                                   const float *scale, const float *bias, int64_t N, int64_t K,
                                   float *y, int64_t ldy, int threads);
-/* block_ops.c: the same from a GGUF's blocks of 32 inputs */
-IS_API void is_block_linear(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
-                            const uint16_t *d16, const uint16_t *m16, const float *bias,
-                            int64_t N, int64_t K, float *y, int64_t ldy, int threads);
+/* block_ops.c: the same from a GGUF's blocks in a BLOCK_* format (d16, m16: the split forms'
+ * scales, else NULL); and the weight itself, w [N, K] (row stride ldw) as float32, exactly */
+IS_API void is_block_linear(const float *x, int64_t T, int64_t ldx, const uint8_t *qs,
+                            int format, const uint16_t *d16, const uint16_t *m16,
+                            const float *bias, int64_t N, int64_t K, float *y, int64_t ldy,
+                            int threads);
+IS_API void is_block_dequantize(const uint8_t *qs, int format, const uint16_t *d16,
+                                const uint16_t *m16, int64_t N, int64_t K, float *w,
+                                int64_t ldw, int threads);
 /* f32_ops.c: from float32 rows */
 IS_API void is_f32_linear(const float *x, int64_t T, int64_t ldx, const float *w,
                           const float *bias, int64_t N, int64_t K, float *y, int64_t ldy,

@@ -9,7 +9,8 @@
  * path agree to float32 rounding (tests/kernels/test_cpu_decode_layer.py).
  *
  * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations; each
- * weight int8 with one float32 scale per row, or in a file's own blocks with its float copy;
+ * weight int8 with one float32 scale per row, or in a file's own blocks (with its float copy,
+ * or without one: then the blocks at every step size);
  * caches [slots, KVH, D] of float32, float16 or bfloat16 with unit inner stride, int64
  * slots, tables and lengths, and B sequences each at the token whose K/V goes to slots[b]
  * and whose context is then lens[b] long. Attention is attention.c's, work-shared inside the
@@ -29,12 +30,24 @@
  * (kernels.cpu_ops.PANEL_MIN_ROWS). */
 #define PANEL_MIN_ROWS 32
 
+/* a projection's output width: the rows of every matrix of its chain (api.h) */
+static int64_t rows_of(const Matrix *m) {
+    int64_t n = 0;
+    for (; m; m = m->next) n += m->n;
+    return n;
+}
+
 static void matmul_for(const Matrix *m, const float *x, int64_t B, float *y) {
-    if (m->qs && B <= m->small_rows)
-        block_rows_for(x, B, m->k, m->qs, (int)m->bits, m->d16, m->m16, m->bias, m->n, m->k, y,
-                       m->n);
+    const int64_t ldy = rows_of(m);
+    /* a file's blocks up to their crossover, or at every size where no float copy is kept
+     * (the K-quants: block_rows_for dequantizes panels for larger steps itself); a chain's
+     * matrices each into their own columns */
+    if (m->qs && (B <= m->small_rows || !m->dense))
+        for (int64_t at = 0; m; at += m->n, m = m->next)
+            block_rows_for(x, B, m->k, m->qs, (int)m->format, m->d16, m->m16, m->bias, m->n,
+                           m->k, y + at, ldy);
     else if (!m->q) /* a file's block weight above its crossover: the same weights in float */
-        f32_rows_for(x, B, m->k, m->dense, m->bias, m->n, m->k, y, m->n);
+        f32_rows_for(x, B, m->k, m->dense, m->bias, ldy, m->k, y, ldy);
     else if (m->panels && B >= PANEL_MIN_ROWS)
         int8_panels_for(x, B, m->k, m->panels, m->scale, m->bias, m->n, m->k, y, m->n);
     else
@@ -47,7 +60,7 @@ static void matmul_for(const Matrix *m, const float *x, int64_t B, float *y) {
 int is_decode_layer(const LayerWeights *L, float *x, float *residual, int first,
                     const StepCache *c, int64_t B, float *scratch, int threads) {
     const int64_t H = L->hidden, D = L->head_dim, nq = L->heads * D, nk = L->kv_heads * D;
-    const int64_t nqkv = L->qkv.n, size = kv_size((int)c->kind);
+    const int64_t nqkv = rows_of(&L->qkv), size = kv_size((int)c->kind);
     float *qkv = scratch, *attn = qkv + B * nqkv, *gu = attn + B * nq, *act = gu + B * 2 * L->inter;
     float *h = act + B * L->inter; /* the normed input of each matmul */
     int failed = 0;

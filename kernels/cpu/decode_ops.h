@@ -13,17 +13,14 @@ void int8_rows_for(const float *x, int64_t T, int64_t ldx, const int8_t *w, cons
 void int8_panels_for(const float *x, int64_t T, int64_t ldx, const int8_t *panels,
                      const float *scale, const float *bias, int64_t N, int64_t K, float *y,
                      int64_t ldy);
-/* a matmul y = x w^T + bias from a GGUF's blocks of 32 inputs (bits 4: w = q * d + m; bits 8:
- * w = q * d; float16 d and m; block_ops.c has the layouts), work-shared like the int8 ones */
-void block_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int bits,
+/* a matmul y = x w^T + bias from a GGUF's blocks in a BLOCK_* format (api.h; block_ops.c has
+ * the layouts), work-shared like the int8 ones */
+void block_rows_for(const float *x, int64_t T, int64_t ldx, const uint8_t *qs, int fmt,
                     const uint16_t *d16, const uint16_t *m16, const float *bias, int64_t N,
                     int64_t K, float *y, int64_t ldy);
 /* a float32 matmul y = x w^T + bias from row-major weights (f32_ops.c), work-shared alike */
 void f32_rows_for(const float *x, int64_t T, int64_t ldx, const float *w, const float *bias,
                   int64_t N, int64_t K, float *y, int64_t ldy);
-/* rows [0, nr) of a row-major float weight against T tokens, into y's first nr columns */
-void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int nr, int64_t K,
-                     const float *bias, float *y, int64_t ldy);
 /* out = norm(x + res) * w, res_out = x + res (res NULL: norm(x) * w) */
 void norm_row(const float *x, const float *res, const float *w, float *out, float *res_out,
               int64_t D, float eps);

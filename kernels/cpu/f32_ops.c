@@ -1,9 +1,11 @@
 /* float32 matmul y = x w^T + bias for a decode step of many rows, from the row-major float
  * weight the runtime keeps anyway (runtime/linear.py's float copy).
  *
- * Why: an int4 model (block_ops.c) serves its smallest steps from the file's own blocks and
- * everything larger from the float copy of the same weights, so that no batch size changes
- * the weights a request is multiplied by. Inside the fused decode layer (decode_layer.c) the
+ * Why: an int4 model (block_ops.c) serves its smallest steps from the file's own blocks and,
+ * where it keeps a float copy of the same weights, everything larger from that copy, so that
+ * no batch size changes the weights a request is multiplied by (the block kernel now serves
+ * any step itself, from panels it dequantizes: a weight without the copy never comes here).
+ * Inside the fused decode layer (decode_layer.c) the
  * larger steps need a GEMM that is work-shared within its parallel region; torch's would be
  * a region of its own. A tile is ROWS weight rows by up to TOKENS tokens, its accumulators in
  * registers: per input vector, ROWS weight loads and TOKENS activation loads feed
@@ -58,10 +60,9 @@ INLINE void tile(const float *x, int64_t ldx, const float *w, int64_t K, int nr,
 }
 
 /* rows [0, nr) of w (row-major, K floats each) against every token: y[t][i] (+ bias[i]).
- * Token tiles outside, row groups inside: a tile's activations stay in L1 across all nr rows,
- * so a panel of many rows (block_ops.c) reads the step's activations once, not once a group */
-void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int nr, int64_t K,
-                     const float *bias, float *y, int64_t ldy) {
+ * Token tiles outside, row groups inside: a tile's activations stay in L1 across all nr rows */
+static void f32_group_tiles(const float *x, int64_t T, int64_t ldx, const float *w, int nr,
+                            int64_t K, const float *bias, float *y, int64_t ldy) {
     float out[ROWS][TOKENS];
     /* balanced token tiles (8 tokens as 4 + 4, not 6 + 2) */
     int64_t tiles = (T + TOKENS - 1) / TOKENS, height = (T + tiles - 1) / tiles;

@@ -4,6 +4,7 @@ of step with its C function would pass garbage through a pointer, not fail."""
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import subprocess
 
@@ -98,14 +99,31 @@ def test_a_struct_out_of_step_with_the_header_is_reported():
 
 def test_a_header_edit_without_the_table_is_reported():
     text = HEADER.read_text()
-    swapped = text.replace("const uint8_t *qs, int bits,", "int bits, const uint8_t *qs,")
+    swapped = text.replace("is_block_dequantize(const uint8_t *qs, int format,",
+                           "is_block_dequantize(int format, const uint8_t *qs,")
     assert swapped != text
     problems = _problems(header=c_api_check.parse(swapped))
-    assert {p.split(":")[0] for p in problems} == {"is_block_linear argument 3",
-                                                   "is_block_linear argument 4"}
+    assert {p.split(":")[0] for p in problems} == {"is_block_dequantize argument 0",
+                                                   "is_block_dequantize argument 1"}
     renamed = text.replace("int64_t k_row, k_head", "int64_t k_rows, k_head")
     assert renamed != text
     assert _problems(header=c_api_check.parse(renamed))[0].startswith("struct StoreKVArgs")
+
+
+def _block_formats(text: str) -> dict[str, int]:
+    """The header's BLOCK_* enum: name = value pairs."""
+    body = re.search(r"enum\s*\{(?P<body>[^{}]*BLOCK_[^{}]*)\}", text)
+    assert body, "api.h declares no BLOCK_* enum"
+    return {name: int(value) for name, value in
+            re.findall(r"(BLOCK_\w+)\s*=\s*(\d+)", body["body"])}
+
+
+def test_the_block_format_codes_match_the_header():
+    """The codes Python passes as `format` (block_ops.c reads them) are api.h's enum: a
+    code out of step would multiply by a weight read in another layout."""
+    assert _block_formats(HEADER.read_text()) == cpu_api.BLOCK_FORMATS
+    edited = HEADER.read_text().replace("BLOCK_Q6_K = 14", "BLOCK_Q6_K = 15")
+    assert _block_formats(edited) != cpu_api.BLOCK_FORMATS
 
 
 def test_the_parser_reads_what_it_does_not_map_as_an_error():
