@@ -1,7 +1,7 @@
 """Tokenizer: a `tokenizers.Tokenizer` plus the model's special ids and chat template.
 
 Built either from GGUF metadata (`from_gguf_metadata`) or from a Hugging Face folder
-(`from_hf_folder`); `to_json` / `from_json` round-trip it through the weight cache.
+(`from_hf_folder`); `to_json` / `from_json` carry it in the worker's Ready frame to the gateway.
 """
 from __future__ import annotations
 

@@ -42,15 +42,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def make_engine(args):
+    """The engine, its start-up stages printed on stderr as the worker logs them."""
     from runtime.engine import LLMEngine
-    return LLMEngine.from_model_path(args.model, settings_from_args(args).engine_config())
+    from runtime.loading import progress
+
+    progress.show_on_stderr()
+    engine = LLMEngine.from_model_path(args.model, settings_from_args(args).engine_config())
+    progress.log_ready()
+    return engine
 
 
 def cmd_generate(args) -> int:
     engine = make_engine(args)
-    ck = engine.checkpoint
-    print(f"[loaded {ck.config.name} in {ck.load_seconds:.2f}s"
-          f"{' from cache' if ck.from_cache else ''}]", file=sys.stderr)
     tok = engine.tokenizer
     text = (tok.apply_chat_template([{"role": "user", "content": args.prompt}])
             if args.chat else args.prompt)
@@ -93,8 +96,7 @@ def cmd_info(args) -> int:
         ("dtype", str(r.dtype).removeprefix("torch.")),
         ("kv block size", engine.config.block_size), ("kv blocks", r.num_blocks),
         ("kv capacity (tokens)", engine.kv_capacity_tokens),
-        ("load seconds", f"{engine.checkpoint.load_seconds:.2f}"
-                         f"{' (cache)' if engine.checkpoint.from_cache else ''}"),
+        ("load seconds", f"{engine.checkpoint.load_seconds:.2f}"),
     ]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:

@@ -112,10 +112,10 @@ class LLMEngine:
             self.disk_cache.flush()
 
     @classmethod
-    def from_model_path(cls, path: str | None = None, config: EngineConfig = EngineConfig(),
-                        cache_dir: str | None = None) -> LLMEngine:
+    def from_model_path(cls, path: str | None = None,
+                        config: EngineConfig = EngineConfig()) -> LLMEngine:
         check_device(config.device)  # before the load's seconds, not after them
-        return cls(load_checkpoint(path, cache_dir=cache_dir), config)
+        return cls(load_checkpoint(path), config)
 
     # ---- requests ---------------------------------------------------------------------
     @property

@@ -18,7 +18,7 @@ from testkit.tiny_model import write_tiny_checkpoint
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache_dir(tmp_path_factory):
-    """Keep weight caches of the suite out of the user's home, shared across the session."""
+    """Keep the suite's crossover tables out of the user's home, shared across the session."""
     os.environ.setdefault("INFERSTACK_CACHE_DIR", str(tmp_path_factory.mktemp("weight-cache")))
 
 

@@ -1,3 +1,3 @@
-"""Model files into a checkpoint: GGUF and Hugging Face readers, quantized weight forms, the
-weight cache for fast restarts, the measured crossover of quantized kernels, and the tokenizer
-export."""
+"""Model files into a checkpoint: GGUF and Hugging Face readers, the block forms GGUF matrices
+are served in, the measured crossover of quantized kernels, start-up progress lines, and the
+tokenizer export."""

@@ -6,7 +6,9 @@ still faster; above it the float copy runs (runtime/models/linear.py). Timings d
 the torch build and the thread count, so those name the cache entry; a start with a warm cache
 measures nothing. The measurement takes a few seconds for a 135M model on 2 cores. A
 measurement made while other work held the cores (a load average above their number) is
-used for this start but not saved: a busy minute must not decide every later start.
+used for this start and kept apart, as provisional: a busy minute must not decide every later
+start, but a later start on a busy machine takes it instead of measuring as badly again, and
+the first quiet start replaces it (`Calibration.save`).
 
 Each timed call starts with the weight out of the CPU's caches, as in a forward pass, where
 every other layer's weights pass through them between two uses of one: timed hot, a small
@@ -34,7 +36,17 @@ ROWS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 512)
 EVERY_SIZE = 1 << 30
 FORMAT_VERSION = 5  # 2: cold caches; 3: keyed by the int8 kernel; 4: C int4; 5: to 512 rows
 EVICT_BYTES = 64 << 20  # more than any last-level cache of these machines
+# a ratio's first pairs decide when all are this far from 1 (faster by a quarter or more,
+# or slower): on SmolLM2 most row counts are, which cut a cold start's calibration by about half
+CLEAR_PAIRS, CLEAR_RATIO = 3, 1.25
+# the folder the weight cache of earlier versions shared: the table found there stays valid
+DEFAULT_DIR = os.path.join("~", ".cache", "inferstack", "weights")
 log = logging.getLogger(__name__)
+
+
+def resolve_cache_dir(cache_dir: str | None = None) -> str:
+    """The explicit folder, else $INFERSTACK_CACHE_DIR, else ~/.cache/inferstack/weights."""
+    return os.path.expanduser(cache_dir or os.environ.get("INFERSTACK_CACHE_DIR") or DEFAULT_DIR)
 
 
 def _cpu_name() -> str:
@@ -48,14 +60,20 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def cache_key(kind: str, shape: tuple[int, int]) -> str:
+def cache_key(kind: str, shape: tuple[int, int], prefix: str | None = None) -> str:
     """CPU, torch build, threads, format, shape and the kernel that runs it (the compiled
-    decode ops or torch's, kernels.int8_kernel): a change in any of them measures afresh."""
+    decode ops or torch's, kernels.int8_kernel): a change in any of them measures afresh.
+    `prefix`: `key_prefix(kind)` computed before (it hashes the kernels' sources)."""
+    return f"{prefix or key_prefix(kind)}|{shape[0]}x{shape[1]}"
+
+
+def key_prefix(kind: str) -> str:
+    """Everything in a key but the shape."""
     kernel = kernels.int8_kernel(torch.float32) if kind in ("int8", "int4", "int8-block") \
         else "torch"
     return (f"v{FORMAT_VERSION}|{_cpu_name()}|{torch.__version__}|"
             f"{torch.backends.cpu.get_cpu_capability()}|threads={torch.get_num_threads()}|"
-            f"{kind}/{kernel}|{shape[0]}x{shape[1]}")
+            f"{kind}/{kernel}")
 
 
 class ColdCache:
@@ -83,12 +101,20 @@ def quant_to_dense_ratio(packed: Int8Weight | BlockWeight, weight: torch.Tensor,
                          repeats: int = 7, evict: ColdCache | None = None) -> float:
     """Median over pairs of (quantized time / float time), each from cold caches, the two
     run back to back so that a neighbour's burst slows both of a pair alike instead of
-    deciding the comparison."""
+    deciding the comparison. The first `CLEAR_PAIRS` pairs decide alone when every one of
+    them is clearly on one side (`CLEAR_RATIO`): the median of more would say the same, and
+    each pair costs two evictions of the caches, most of a cold start's calibration."""
     evict = evict or ColdCache()
     x = torch.randn(rows, weight.shape[1])
     packed.matmul(x), F.linear(x, weight)  # warm: first calls allocate and fault pages in
-    ratios = sorted(_seconds(lambda: packed.matmul(x), evict)
-                    / _seconds(lambda: F.linear(x, weight), evict) for _ in range(repeats))
+    ratios: list[float] = []
+    for _ in range(repeats):
+        ratios.append(_seconds(lambda: packed.matmul(x), evict)
+                      / _seconds(lambda: F.linear(x, weight), evict))
+        if len(ratios) == CLEAR_PAIRS and (max(ratios) * CLEAR_RATIO < 1
+                                           or min(ratios) > CLEAR_RATIO):
+            break
+    ratios.sort()
     return ratios[len(ratios) // 2]
 
 
@@ -120,42 +146,88 @@ def machine_busy() -> bool:
 
 
 class Calibration:
-    """The crossover table, loaded from and saved to one JSON file in `cache_dir`."""
+    """The crossover table, loaded from and saved to one JSON file in `cache_dir`, and the
+    provisional one beside it: what a busy machine measured (see `save`)."""
 
     def __init__(self, cache_dir: str | None):
         self.path = os.path.join(cache_dir, "linear-crossover.json") if cache_dir else None
-        self.table: dict[str, int] = self._load()
-        self.measured = 0  # shapes measured this start (0: all came from the cache)
+        self.busy_path = os.path.join(cache_dir, "linear-crossover-busy.json") if cache_dir \
+            else None
+        self.table: dict[str, int] = _load(self.path)
+        self.provisional: dict[str, int] = _load(self.busy_path)
+        self.fresh: dict[str, int] = {}  # measured this start
+        self.measured = 0  # shapes measured this start (0: all came from the tables)
+        self.used_provisional = 0  # lookups answered by the provisional table
         self.seconds = 0.0
+        self.saved_as = ""  # "settled", "provisional" or "" (nothing saved), after `save`
+        self._busy: bool | None = None  # the machine's state, asked once, at the first miss
+        self._prefixes: dict[tuple[str, int], str] = {}
 
     def max_quant_rows(self, kind: str, weight: torch.Tensor,
                        packed: Int8Weight | BlockWeight) -> int:
-        key = cache_key(kind, tuple(weight.shape))  # type: ignore[arg-type]
-        if key not in self.table:
+        prefix = self._prefixes.get((kind, torch.get_num_threads()))
+        if prefix is None:
+            prefix = self._prefixes[kind, torch.get_num_threads()] = key_prefix(kind)
+        key = cache_key(kind, tuple(weight.shape), prefix)  # type: ignore[arg-type]
+        if key in self.table:
+            return self.table[key]
+        if key not in self.fresh:
+            if key in self.provisional and self._machine_busy():
+                self.used_provisional += 1  # measured busy before; a busy re-run is no better
+                return self.provisional[key]
             start = time.perf_counter()
-            self.table[key] = measure(packed, weight)
+            self.fresh[key] = measure(packed, weight)
             self.seconds += time.perf_counter() - start
             self.measured += 1
-        return self.table[key]
+        return self.fresh[key]
 
     def save(self) -> None:
-        if self.path is None or not self.measured or machine_busy():
+        """Keep what this start measured. Measured on a busy machine, it goes to the
+        provisional table: a busy minute must not decide every later start, but a start that
+        is busy too uses it rather than measure again, at the start's cost, just as badly
+        (seconds per shape, 30 s for SmolLM2 beside a test run); a quiet start measures those
+        shapes afresh and settles them."""
+        if not self.measured:
             return
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.table, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError as e:  # a read-only cache costs a second at the next start, no more
-            log.warning("linear crossover table not saved: %s", e)
+        busy = machine_busy()
+        if busy:
+            written = _store(self.busy_path, {**self.provisional, **self.fresh})
+        else:
+            self.table.update(self.fresh)
+            written = _store(self.path, self.table)
+            if written and self.fresh.keys() & self.provisional.keys():
+                _store(self.busy_path, {k: v for k, v in self.provisional.items()
+                                        if k not in self.fresh})
+        self.saved_as = ("provisional" if busy else "settled") if written else ""
 
-    def _load(self) -> dict[str, int]:
-        if self.path is None or not os.path.exists(self.path):
-            return {}
-        try:
-            with open(self.path) as f:
-                table = json.load(f)
-            return {str(k): int(v) for k, v in table.items()}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return {}  # garbled: measure again
+    def _machine_busy(self) -> bool:
+        if self._busy is None:
+            self._busy = machine_busy()
+        return self._busy
+
+
+def _load(path: str | None) -> dict[str, int]:
+    if path is None or not os.path.exists(path):
+        return {}
+    try:
+        with open(path) as f:
+            table = json.load(f)
+        return {str(k): int(v) for k, v in table.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}  # garbled: measure again
+
+
+def _store(path: str | None, table: dict[str, int]) -> bool:
+    """Write `table` to `path` atomically; False where it could not be written."""
+    if path is None:
+        return False
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:  # a read-only cache costs a second at the next start, no more
+        log.warning("linear crossover table not saved: %s", e)
+        return False

@@ -1,4 +1,10 @@
-"""Read a GGUF file: model config, float32 weights under Hugging Face names, tokenizer."""
+"""Read a GGUF file: model config, weights under Hugging Face names, tokenizer.
+
+The header (metadata, tokenizer, tensor directory) is parsed from the mapped file; the tensors
+are read when the model asks for them (`GGUFWeights`): Q4_0/Q4_1/Q8_0 matrices straight into
+the block forms the CPU kernels serve (runtime/loading/gguf_blocks.py), anything else
+dequantized to float32 by gguf's own dequantizers.
+"""
 from __future__ import annotations
 
 import math
@@ -6,8 +12,10 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -15,6 +23,9 @@ import torch
 from contract.config import ModelConfig
 from contract.errors import ModelLoadError
 from contract.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the block forms import the kernels; a tokenizer-only read needs neither
+    from runtime.loading.quantization import BlockWeight
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 # llama.cpp's converter interleaves Q/K rows for these (its rotary pairs adjacent dims)
@@ -42,18 +53,21 @@ _GLOBAL_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Config, dequantized float32 weights (HF names and layout) and tokenizer of a GGUF file."""
+def open_gguf(path: str) -> tuple[ModelConfig, GGUFWeights, Tokenizer]:
+    """Config, weights (read from the mapped file when asked, see `GGUFWeights`) and tokenizer
+    of a GGUF file. Reads the header only: no tensor data yet."""
     meta, tensors = read_header(path)
     with _errors_named(path):
         config = config_from_metadata(meta, {t.name: t for t in tensors})
         tokenizer = Tokenizer.from_gguf_metadata(_tokenizer_metadata(meta))
-        weights = {}
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        for t in tensors:
-            weights[hf_name(t.name, path)] = _unpermute(t.name, _dequantize(mm, t, path), config)
+        weights = GGUFWeights(path, tensors, config)
     return config, weights, tokenizer
+
+
+def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Config, dequantized float32 weights (HF names and layout) and tokenizer of a GGUF file."""
+    config, weights, tokenizer = open_gguf(path)
+    return config, dict(weights.items()), tokenizer
 
 
 def read_gguf_tokenizer(path: str) -> Tokenizer:
@@ -61,6 +75,57 @@ def read_gguf_tokenizer(path: str) -> Tokenizer:
     meta, _ = read_header(path)
     with _errors_named(path):
         return Tokenizer.from_gguf_metadata(_tokenizer_metadata(meta))
+
+
+class GGUFWeights(Mapping[str, torch.Tensor]):
+    """A GGUF file's tensors by Hugging Face name, read from the mapped file when asked and
+    not kept: `weights[name]` is float32 in HF layout (what `read_gguf` returns), and
+    `blocks(name)` the file's own Q4_0/Q4_1/Q8_0 blocks in their served form
+    (runtime/loading/gguf_blocks.py), None for other types. Both undo llama.cpp's Q/K row
+    interleave. The model takes each tensor once, in the form it serves, so nothing is held
+    twice and no float copy is made only to re-derive the blocks from it."""
+
+    def __init__(self, path: str, tensors: list[TensorInfo], config: ModelConfig):
+        self.path, self.config = path, config
+        self.infos = {hf_name(t.name, path): t for t in tensors}
+        supported = {int(k) for k in supported_types()}
+        for t in tensors:  # refuse at load, naming the tensor, not at the first use
+            if t.ggml_type not in supported:
+                raise ModelLoadError(f"{path}: tensor {t.name} has unsupported type "
+                                     f"{_type_name(t.ggml_type)}")
+        with open(path, "rb") as f:
+            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        blocks = self.blocks(name)
+        if blocks is not None:  # the same float32 values as gguf's dequantizer, faster
+            return blocks.dequantized()
+        t = self.infos[name]
+        return _unpermute(t.name, _dequantize(self._mm, t, self.path), self.config)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.infos  # Mapping's own would read the tensor to find out
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.infos)
+
+    def __len__(self) -> int:
+        return len(self.infos)
+
+    def blocks(self, name: str) -> BlockWeight | None:
+        from runtime.loading.gguf_blocks import read_blocks
+
+        t = self.infos[name]
+        return read_blocks(self._mm, t.offset, t.shape, t.ggml_type,
+                           lambda rows: _unpermute(t.name, rows, self.config))
+
+    def type_counts(self) -> dict[str, int]:
+        """Tensors per GGUF type, most first (for the loading line)."""
+        counts: dict[str, int] = {}
+        for t in self.infos.values():
+            name = _type_name(t.ggml_type)
+            counts[name] = counts.get(name, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 @contextmanager
@@ -79,8 +144,8 @@ def _errors_named(path: str):
 def read_header(path: str) -> tuple[dict, list[TensorInfo]]:
     """Metadata (plain Python values) and tensor directory of a GGUF file, checked against its size.
 
-    Our own parser: gguf.GGUFReader builds a numpy view per vocabulary string and takes
-    seconds on a 49k-token vocabulary; this takes a fraction of a second.
+    Our own parser over the mapped file: gguf.GGUFReader builds a numpy view per vocabulary
+    string and takes seconds on a 49k-token vocabulary; this takes a few hundredths.
     """
     try:
         f = open(path, "rb")  # noqa: SIM115 - entered just below, once the open has succeeded
@@ -88,8 +153,11 @@ def read_header(path: str) -> tuple[dict, list[TensorInfo]]:
         raise ModelLoadError(f"{path}: unreadable: {e}") from e
     with f, _errors_named(path):
         size = os.fstat(f.fileno()).st_size
-        cursor = _Cursor(f, size)
-        meta, tensors = _parse_header(cursor)
+        if size < 4:  # mmap refuses an empty file
+            raise ModelLoadError("truncated: header ends early")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            cursor = _Cursor(mm, size)
+            meta, tensors = _parse_header(cursor)
         align = int(meta.get("general.alignment", 32))
         data_start = (cursor.pos + align - 1) // align * align  # tensor data is aligned
     for t in tensors:
@@ -108,45 +176,64 @@ class TensorInfo:
     nbytes: int
 
 
-_HEADER_READ = 1 << 20
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {k: struct.Struct(v) for k, v in {
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+    10: "<Q", 11: "<q", 12: "<d"}.items()}
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
           10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
+_U64 = _SCALARS[10]
+_MAX_STRING = 1 << 30
 
 
 class _Cursor:
-    """Sequential little-endian reads over a file, buffered in large chunks."""
+    """Sequential little-endian reads over a mapped file; every read checked against its size
+    (which also stops absurd lengths from a corrupt header)."""
 
-    def __init__(self, f, size: int):
-        self.buf, self.f, self.size, self.pos, self.base = b"", f, size, 0, 0
+    def __init__(self, mm, size: int):
+        self.mm, self.size, self.pos = mm, size, 0
 
-    def take(self, n: int) -> memoryview:
-        if self.pos + n > self.size:  # also stops absurd lengths from a corrupt header
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if n < 0 or end > self.size:
             raise ModelLoadError("truncated: header ends early")
-        end = self.pos - self.base + n
-        if end > len(self.buf):  # refill: keep the unread tail, read at least n more bytes
-            more = self.f.read(max(n, _HEADER_READ))
-            self.buf = self.buf[self.pos - self.base:] + more
-            self.base, end = self.pos, n
-            if end > len(self.buf):
-                raise ModelLoadError("truncated: header ends early")
-        view = memoryview(self.buf)[end - n:end]
-        self.pos += n
-        return view
+        data = self.mm[self.pos:end]
+        self.pos = end
+        return data
 
     def scalar(self, kind: int):
-        fmt = _SCALARS.get(kind)
-        if fmt is None:
+        unpack = _SCALARS.get(kind)
+        if unpack is None:
             raise ModelLoadError(f"bad metadata value type {kind}")
-        return struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+        if self.pos + unpack.size > self.size:
+            raise ModelLoadError("truncated: header ends early")
+        value = unpack.unpack_from(self.mm, self.pos)[0]
+        self.pos += unpack.size
+        return value
 
     def string(self) -> str:
         n = self.scalar(10)
-        if n > 1 << 30:
+        if n > _MAX_STRING:
             raise ModelLoadError("bad string length")
-        return bytes(self.take(n)).decode("utf-8", errors="replace")
+        return self.take(n).decode("utf-8", errors="replace")
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in one tight loop: a vocabulary is most of a header."""
+        mm, pos, size = self.mm, self.pos, self.size
+        out: list[str] = []
+        append, length = out.append, _U64.unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                raise ModelLoadError("truncated: header ends early")
+            n = length(mm, pos)[0]
+            pos += 8
+            if n > _MAX_STRING or pos + n > size:
+                raise ModelLoadError("truncated: header ends early" if n <= _MAX_STRING
+                                     else "bad string length")
+            append(mm[pos:pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
 
     def value(self, kind: int):
         if kind == _STRING:
@@ -157,11 +244,13 @@ class _Cursor:
         if item in _NUMPY:  # numbers in one go
             dtype = np.dtype(_NUMPY[item])
             return np.frombuffer(self.take(count * dtype.itemsize), dtype).tolist()
+        if item == _STRING:
+            return self.strings(count)
         return [self.value(item) for _ in range(count)]
 
 
 def _parse_header(c: _Cursor) -> tuple[dict, list[TensorInfo]]:
-    if bytes(c.take(4)) != b"GGUF":
+    if c.take(4) != b"GGUF":
         raise ModelLoadError("not a GGUF file (bad magic)")
     version = c.scalar(4)
     if version not in (2, 3):
@@ -186,6 +275,12 @@ def _tensor_info(c: _Cursor) -> TensorInfo:
         raise ModelLoadError(f"tensor {name} has unknown type {kind}") from None
     count = math.prod(dims)
     return TensorInfo(name, tuple(reversed(dims)), kind, offset, count // block * type_size)
+
+
+def _type_name(ggml_type: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(ggml_type).name
 
 
 def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:

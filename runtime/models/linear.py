@@ -7,7 +7,7 @@ int8 ran a 576x49152 projection in 0.4x the time of float32 at 1 row and 1.7x at
 quantized layer keeps both: the packed weight for steps of at most `max_quant_rows` rows and
 its exact float dequantization for larger ones (runtime/loading/quantization.py explains why the two
 agree up to the activations' rounding). The crossover is measured per weight shape at start
-(runtime/loading/calibration.py).
+(runtime/loading/calibration.py), once every weight is loaded (runtime/models/llama.py sets it).
 
 With int4, a weight keeps the block form the GGUF file holds it in instead (`small`,
 runtime/loading/quantization.py: 4-bit `Int4Weight` or 8-bit `Int8BlockWeight`) for steps of up to
