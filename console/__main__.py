@@ -7,6 +7,7 @@ import sys
 
 from console.app import ConsoleApp
 from console.feed import LiveFeed, Recorder, ReplayFeed
+from console.terminal import NoTerminal, on_a_terminal
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         source = LiveFeed(args.url, args.api_key, recorder=recorder)
     try:
-        ConsoleApp(source, fleet_gpus=args.fleet_gpus).run()
+        with on_a_terminal():  # Textual draws on stderr: even with stderr redirected
+            ConsoleApp(source, fleet_gpus=args.fleet_gpus).run()
+    except NoTerminal as exc:
+        print(f"python -m console: {exc}", file=sys.stderr)
+        return 2
     finally:
         if recorder is not None:
             recorder.close()

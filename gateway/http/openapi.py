@@ -4,38 +4,57 @@ Only the paths, their operations and the WebSocket's description are written her
 component schema is generated from the declarations the gateway validates and answers with
 (gateway/openai/schema/), so the document cannot drift from what is accepted or sent. The
 components are generated once per process; the served names are filled in per document.
+
+OpenAPI has no way to describe WebSocket messages: `/v1/ws` is the upgrade (a GET answered
+101) and lists its messages both ways in `x-websocket-messages`, each a component schema
+(gateway/openai/schema/websocket.py).
 """
 from __future__ import annotations
 
 from functools import cache
+from typing import Any, Literal
 
-from gateway.http.openapi_extensions import REF, extension_paths
-from gateway.openai.schema.json_schema import components, with_model_names
+from pydantic import TypeAdapter
 
-WS_DESCRIPTION = """\
+from gateway.http.openapi_extensions import REF, admin_paths, extension_paths
+from gateway.http.websocket import MAX_REQUESTS_PER_SOCKET
+from gateway.openai.schema import admin, websocket
+from gateway.openai.schema.json_schema import (
+    REF_TEMPLATE,
+    OpenAPISchema,
+    components,
+    with_model_names,
+)
+
+WS_DESCRIPTION = f"""\
 Upgrade to a WebSocket carrying many requests at once, each named by a client-chosen `id`.
 
-Client messages (JSON text frames):
-- `{"type": "request", "id": "r1", "endpoint": "chat" | "completions", "body": {...}}`:
+Client messages (JSON, in text or binary frames; `x-websocket-messages.client`):
+- `{{"type": "request", "id": "r1", "endpoint": "chat" | "completions", "body": {{...}}}}`:
   `body` is the same object POST /v1/chat/completions or /v1/completions takes; it is always
-  streamed.
-- `{"type": "cancel", "id": "r1"}`: abort that request wherever it is (queue or GPU).
+  streamed. At most {MAX_REQUESTS_PER_SOCKET} requests in flight per socket.
+- `{{"type": "cancel", "id": "r1"}}`: abort that request wherever it is (queue or worker).
 
-Server messages:
-- `{"type": "queued", "id": "r1", "position": 3}`: admitted and waiting in the queue.
-- `{"type": "chunk", "id": "r1", "data": <chunk>}`: one stream chunk, exactly as the SSE
+Server messages (UTF-8 JSON in binary frames; `x-websocket-messages.server`):
+- `{{"type": "queued", "id": "r1", "position": 3}}`: admitted and waiting in the queue.
+- `{{"type": "chunk", "id": "r1", "data": <chunk>}}`: one stream chunk, exactly as the SSE
   `data:` of the matching endpoint.
-- `{"type": "done", "id": "r1"}`: the request finished; no more messages carry its id.
-- `{"type": "error", "id": "r1", "error": {"message", "type", "param", "code"}}`: the request
-  failed (same error object as the HTTP API) and is over.
+- `{{"type": "done", "id": "r1", "usage": {{...}}}}`: the request finished and is billed; no
+  more messages carry its id.
+- `{{"type": "error", "id": "r1", "error": {{"message", "type", "param", "code"}}}}`: the request
+  failed (same error object as the HTTP API; `type` "cancelled" after a cancel) and is over;
+  `id` is null when the message itself could not be read.
 
-Authenticate with the same `Authorization: Bearer <key>` header on the upgrade request."""
+Closing the socket cancels all its requests. Authenticate with the same
+`Authorization: Bearer <key>` header on the upgrade request."""
 
 
 def _errors(*statuses: int) -> dict:
     why = {400: "Invalid request (`param` names the field).", 401: "Missing or unknown API key.",
-           402: "The tenant's budget is spent.", 404: "Not found.",
+           402: "The tenant's budget is spent.", 403: "The key may not use this route.",
+           404: "Not found.", 409: "Conflicts with the pool's state (the last worker).",
            429: "Rate limited or queue full; see Retry-After.",
+           502: "The worker could not be reached or started.",
            503: "Overloaded or not ready; see Retry-After."}
     error = {"application/json": {"schema": {"$ref": REF + "Error"}}}
     return {str(s): {"description": why[s], "content": error} for s in statuses}
@@ -57,14 +76,44 @@ def _generate(summary: str, request: str, response: str, chunk: str) -> dict:
             **_errors(400, 401, 402, 429, 503)}}}
 
 
-def _plain_get(summary: str, content_type: str, schema: dict) -> dict:
-    return {"get": {"summary": summary, "responses": {"200": {
-        "description": "OK", "content": {content_type: {"schema": schema}}}}}}
+def _json(schema: str, description: str = "OK") -> dict:
+    return {"description": description,
+            "content": {"application/json": {"schema": {"$ref": REF + schema}}}}
+
+
+def _websocket() -> dict:
+    def refs(names) -> list[dict]:
+        return [{"$ref": REF + name} for name in names]
+    return {"get": {
+        "summary": "WebSocket API", "description": WS_DESCRIPTION,
+        "security": [{"bearer": []}],
+        "x-websocket-messages": {"client": {"oneOf": refs(websocket.CLIENT_MESSAGES)},
+                                 "server": {"oneOf": refs(websocket.SERVER_MESSAGES)}},
+        "responses": {"101": {"description": "Switching protocols"}, **_errors(401)}}}
+
+
+def _typed(types: dict[str, Any],
+           mode: Literal["validation", "serialization"]) -> dict[str, dict]:
+    """Component schemas of TypedDicts (and unions of them), by name, with their `$defs`."""
+    out: dict[str, dict] = {}
+    for name, kind in types.items():
+        schema = TypeAdapter(kind).json_schema(ref_template=REF_TEMPLATE,
+                                               schema_generator=OpenAPISchema, mode=mode)
+        out.update(schema.pop("$defs", {}))
+        out[name] = schema
+    return out
 
 
 @cache
 def _components() -> dict[str, dict]:
-    return components()
+    schemas = components()
+    extra = {**_typed(admin.COMPONENTS, "serialization"),
+             **_typed(websocket.CLIENT_MESSAGES, "validation"),
+             **_typed(websocket.SERVER_MESSAGES, "serialization")}
+    for name, schema in extra.items():
+        # a shared $def (Usage, ChatCompletionRequest, ...) keeps the main document's version
+        schemas.setdefault(name, schema)
+    return schemas
 
 
 def build_openapi(model_names: str | tuple[str, ...]) -> dict:
@@ -82,19 +131,27 @@ def build_openapi(model_names: str | tuple[str, ...]) -> dict:
                                          "Completion"),
             "/v1/models": {"get": {
                 "summary": "The served models", "security": [{"bearer": []}],
-                "responses": {"200": {"description": "OK", "content": {"application/json": {
-                    "schema": {"$ref": REF + "ModelList"}}}}, **_errors(401)}}},
-            "/v1/ws": {"get": {"summary": "WebSocket API", "description": WS_DESCRIPTION,
-                               "security": [{"bearer": []}],
-                               "responses": {"101": {"description": "Switching protocols"},
-                                             **_errors(401)}}},
-            "/health": _plain_get("Liveness: the process answers", "application/json",
-                                  {"type": "object", "properties": {"status": {
-                                      "const": "ok"}}}),
-            "/ready": {"get": {"summary": "Readiness: a runtime worker can take requests",
-                               "responses": {"200": {"description": "Ready"}, **_errors(503)}}},
-            "/metrics": _plain_get("Prometheus metrics", "text/plain", {"type": "string"}),
+                "responses": {"200": _json("ModelList"), **_errors(401)}}},
+            "/v1/ws": _websocket(),
+            "/health": {"get": {"summary": "Liveness: the process answers",
+                                "responses": {"200": _json("Health")}}},
+            "/ready": {"get": {
+                "summary": "Readiness: a runtime worker can take requests",
+                "description": "No key needed (load balancers poll it); `worker_pids` only "
+                               "for admin keys.",
+                "responses": {"200": _json("Readiness", "Ready"),
+                              "503": _json("Readiness", "Not ready yet, or draining")}}},
+            "/metrics": {"get": {
+                "summary": "Prometheus metrics (admin keys and keys with metrics = true)",
+                "security": [{"bearer": []}],
+                "responses": {"200": {"description": "OK", "content": {
+                    "text/plain": {"schema": {"type": "string"}}}}, **_errors(401, 403)}}},
+            "/openapi.json": {"get": {
+                "summary": "This document",
+                "responses": {"200": {"description": "OpenAPI 3.1", "content": {
+                    "application/json": {"schema": {"type": "object"}}}}}}},
             **extension_paths(_errors),
+            **admin_paths(_errors),
         },
         "components": {"schemas": with_model_names(_components(), names),
                        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},

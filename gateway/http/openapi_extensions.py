@@ -1,6 +1,7 @@
 """The OpenAPI paths beyond OpenAI's chat and completions: vLLM's `/tokenize` and
-`/detokenize`, and the Responses API (`/v1/responses`); their schemas are generated from
-gateway/openai/schema/ like every other."""
+`/detokenize`, the Responses API (`/v1/responses`), and the operators' `/admin/*` routes; their
+schemas are generated from gateway/openai/schema/ like every other (the admin answers from
+schema/admin.py)."""
 from __future__ import annotations
 
 REF = "#/components/schemas/"
@@ -41,4 +42,69 @@ def extension_paths(errors) -> dict:
                     "responses": _ok("Response", errors(401, 404))},
             "delete": {**secured, "summary": "Delete a stored response",
                        "responses": {"200": {"description": "Deleted"}, **errors(401, 404)}}},
+    }
+
+
+def _query(name: str, schema: dict, description: str) -> dict:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+def _telemetry(errors) -> dict:
+    return {"get": {
+        "summary": "The live telemetry feed (admin keys): a WebSocket",
+        "description": "Upgrade to a WebSocket on which the gateway pushes JSON text frames: "
+                       "`hello` once, a `snapshot` every second, and spans as requests end "
+                       "(docs/telemetry_feed.md has every frame). The client only listens; "
+                       "one that falls behind is closed with code 1013.",
+        "security": [{"bearer": []}],
+        "responses": {"101": {"description": "Switching protocols"}, **errors(401, 403)}}}
+
+
+def admin_paths(errors) -> dict:
+    """The operators' routes: ledger totals, the live feed, the worker pool and the fleet.
+    Changes need an admin key; the readings of the pool and the fleet also take a metrics key."""
+    secured: dict = {"security": [{"bearer": []}]}
+    period = {"type": "string", "enum": ["hour", "day", "month", "all"], "default": "day"}
+    return {
+        "/admin/usage": {"get": {
+            **secured, "summary": "Ledger totals per tenant and period (admin keys)",
+            "parameters": [
+                _query("period", period, "The bucket the sums are grouped by."),
+                _query("tenant", {"type": "string"}, "Only this tenant."),
+                _query("since", {"type": "number"}, "From this time (unix seconds)."),
+                _query("until", {"type": "number"}, "Before this time (unix seconds).")],
+            "responses": _ok("UsageReport", errors(400, 401, 403))}},
+        "/admin/telemetry": _telemetry(errors),
+        "/admin/workers": {
+            "get": {**secured, "summary": "The worker pool (admin or metrics keys)",
+                    "responses": _ok("WorkerList", errors(401, 403))},
+            "post": {**secured,
+                     "summary": "Connect a shared worker by URL, or spawn a local one",
+                     "requestBody": _json_body("AddWorkerRequest"),
+                     "responses": {"201": {"description": "The worker, connected and ready",
+                                           "content": {"application/json": {"schema": {
+                                               "$ref": REF + "Worker"}}}},
+                                   **errors(400, 401, 403, 409, 502)}}},
+        "/admin/workers/{index}": {
+            "parameters": [{"name": "index", "in": "path", "required": True,
+                            "schema": {"type": "integer", "minimum": 0}}],
+            "delete": {
+                **secured, "summary": "Drain a worker, then remove it (admin keys)",
+                "description": "It takes no new requests; the running ones finish and are "
+                               "billed (aborted after --worker-drain-seconds). 202 at once, "
+                               "or with `?wait=true` 200 once it is gone. The last worker "
+                               "cannot be removed (409).",
+                "parameters": [_query("wait", {"type": "string", "enum": ["1", "true"]},
+                                      "Answer once the worker is gone.")],
+                "responses": {
+                    "200": {"description": "Removed", "content": {"application/json": {
+                        "schema": {"$ref": REF + "RemovedWorker"}}}},
+                    "202": {"description": "Draining", "content": {"application/json": {
+                        "schema": {"$ref": REF + "RemovedWorker"}}}},
+                    **errors(400, 401, 403, 404, 409)}}},
+        "/admin/fleet": {"get": {
+            **secured, "summary": "Every live gateway and worker, and fleet revenue "
+                                  "(admin or metrics keys)",
+            "responses": _ok("Fleet", errors(401, 403))}},
     }
