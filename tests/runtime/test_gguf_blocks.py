@@ -20,7 +20,7 @@ from runtime.loading.gguf import open_gguf, read_gguf
 from runtime.loading.gguf_blocks import read_blocks
 from runtime.loading.loader import default_model_path, load_checkpoint
 from runtime.loading.quantization import Int4Weight, Int8BlockWeight
-from runtime.models.llama import LinearMaker
+from runtime.models.weights import LinearMaker
 from testkit.tolerances import read_from
 from tests.runtime.test_gguf_loader import byte_level_vocab, permute_like_llama_cpp
 
