@@ -3,12 +3,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract.rope import DEFAULT_ROPE, RopeScaling
+
+HIDDEN_ACTS = ("silu", "gelu_tanh")  # the MLP's gate activation (runtime/models/llama.py)
+
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a Llama-family decoder; field names follow Hugging Face's `config.json`."""
+    """Shape of a Llama-family decoder; field names follow Hugging Face's `config.json`.
 
-    architecture: str  # "llama", "qwen2", "mistral"
+    The family's traits are fields too, so one decoder serves them all (runtime/models/
+    llama.py): Qwen 3 and Gemma 3 normalise q and k per head (`qk_norm`); Gemma 3 also puts
+    a norm after attention and around the MLP (`sandwich_norms`), gates with tanh-GELU, scales
+    the embeddings, takes its attention scale from `query_pre_attn_scalar`, and runs most
+    layers over a sliding window with their own rope base (`layer_windows`,
+    `rope_local_theta`). Norm weights are stored as the multiplier itself: a checkpoint that
+    keeps Gemma's (1 + w) form has it added at load."""
+
+    architecture: str  # "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -27,12 +39,36 @@ class ModelConfig:
     # how the file stores its matrices: "float", or the GGUF type most of them have ("Q4_1");
     # `--quantization auto` quantizes only what the file had quantized
     weight_format: str = "float"
+    rope_scaling: RopeScaling = DEFAULT_ROPE  # of the global layers (contract/rope.py)
+    qk_norm: bool = False
+    sandwich_norms: bool = False
+    hidden_act: str = "silu"
+    embedding_multiplier: float = 1.0  # Gemma: sqrt(hidden_size)
+    query_pre_attn_scalar: float | None = None  # attention scale 1/sqrt(this); None: head_dim
+    # per layer, the window of keys a query sees (0: every earlier key); () for all global
+    layer_windows: tuple[int, ...] = ()
+    rope_local_theta: float | None = None  # rope base of the windowed layers (plain rope)
+    final_logit_softcapping: float | None = None  # logits = c * tanh(logits / c)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(f"hidden activation {self.hidden_act!r} is not served (one of "
+                             f"{', '.join(HIDDEN_ACTS)})")
+        if self.layer_windows and len(self.layer_windows) != self.num_hidden_layers:
+            raise ValueError(f"{len(self.layer_windows)} layer windows for "
+                             f"{self.num_hidden_layers} layers")
+
+    def window(self, layer: int) -> int:
+        """How many keys (itself included) a query of `layer` sees; 0 for all."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def kv_bytes_per_token(self) -> int:

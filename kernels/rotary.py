@@ -22,12 +22,16 @@ from kernels._utils import (
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
-                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos [T, 1, D] and signed sin [T, 1, D] (first half negated) for the given positions."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
-                                             device=positions.device) / head_dim))
+                   dtype: torch.dtype, inv_freq: torch.Tensor | None = None,
+                   factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos [T, 1, D] and signed sin [T, 1, D] (first half negated) for the given positions:
+    plain rope of base `theta`, or the given inverse frequencies with both tables scaled by
+    `factor` (a scaled rope's, runtime/models/rope.py)."""
+    if inv_freq is None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                                 device=positions.device) / head_dim))
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
-    cos, sin = freqs.cos(), freqs.sin()
+    cos, sin = freqs.cos() * factor, freqs.sin() * factor
     cos = torch.cat((cos, cos), dim=-1)[:, None, :].to(dtype)
     sin = torch.cat((-sin, sin), dim=-1)[:, None, :].to(dtype)
     return cos, sin

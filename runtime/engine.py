@@ -12,6 +12,7 @@ import torch
 from contract.config import EngineConfig
 from contract.errors import DuplicateRequestError, StartError
 from contract.frames import KvEvents
+from contract.model_families import with_family_defaults
 from contract.outputs import EngineCounters, RequestOutput, StepSample, StepStats
 from contract.sampling_params import SamplingParams
 from contract.tokenizer import load_chat_template
@@ -59,9 +60,10 @@ class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig = EngineConfig()):
         check_device(config.device)
         self.checkpoint = checkpoint
-        self.model_config = checkpoint.config
-        self.tokenizer = checkpoint.tokenizer.with_chat_template(
-            load_chat_template(config.chat_template))
+        # a family's chat template and end of turn where the file lacks them (Gemma 3 GGUFs)
+        self.model_config, tokenizer = with_family_defaults(checkpoint.config,
+                                                            checkpoint.tokenizer)
+        self.tokenizer = tokenizer.with_chat_template(load_chat_template(config.chat_template))
         self.config = config
         self.max_model_len = context_length(config.max_model_len, self.model_config.name,
                                             self.model_config.max_position_embeddings)

@@ -97,7 +97,7 @@ class ModelRunner:
         # the longest sequence (the engine's rule): sizes rotary tables and graphs' tables
         self.max_model_len = min(config.max_model_len or model_cfg.max_position_embeddings,
                                  model_cfg.max_position_embeddings)
-        self._rotary_tables: dict[tuple[int, float], RotaryTable] = {}
+        self._rotary_tables: dict[tuple, RotaryTable] = {}
         self.num_blocks = num_kv_blocks(model_cfg, config, self.kv_dtype)
         # the page past the pool's: padding rows of graph buckets write and read only it
         self.padding_block = padding_block_id(self.num_blocks)
@@ -195,12 +195,12 @@ class ModelRunner:
                                        host.layout)
 
     def _rotary(self, cfg: ModelConfig) -> RotaryTable:
-        """The rotary table of a model shape (the target's, or a draft model's)."""
-        key = (cfg.head_dim, cfg.rope_theta)
+        """The rotary tables of a model's rope (the target's, or a draft model's)."""
+        key = RotaryTable.key(cfg)
         table = self._rotary_tables.get(key)
         if table is None:
             table = self._rotary_tables[key] = RotaryTable(
-                self.max_model_len, cfg.head_dim, cfg.rope_theta, self.dtype, self.device)
+                self.max_model_len, cfg, self.dtype, self.device)
         return table
 
     def _forward_packed(self, t: step_inputs.StepTensors,

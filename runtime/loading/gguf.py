@@ -68,7 +68,7 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
 
     def __init__(self, path: str, tensors: list[TensorInfo], config: ModelConfig):
         self.path, self.config = path, config
-        self.infos = {hf_name(t.name, path): t for t in tensors}
+        self.infos = {hf_name(t.name, path, config.architecture): t for t in tensors}
         supported = {int(k) for k in supported_types()}
         for t in tensors:  # refuse at load, naming the tensor, not at the first use
             if t.ggml_type not in supported:

@@ -9,8 +9,9 @@ import re
 
 from contract.config import ModelConfig
 from contract.errors import ModelLoadError
+from contract.rope import RopeScalingError, rope_from_gguf
 
-ARCHITECTURES = ("llama", "qwen2", "mistral")
+ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3")
 # llama.cpp's converter interleaves Q/K rows for these (its rotary pairs adjacent dims)
 PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
@@ -28,6 +29,21 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# where an architecture names a tensor differently (or has tensors Llama has not)
+_ARCH_LAYER_NAMES = {
+    "qwen3": {"attn_q_norm.weight": "self_attn.q_norm.weight",
+              "attn_k_norm.weight": "self_attn.k_norm.weight"},
+    # Phi-3 keeps q/k/v and gate/up fused (gate first, as ours); its ffn_up is both
+    "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight",
+             "ffn_up.weight": "mlp.gate_up_proj.weight"},
+    # Gemma 3's sandwich: attention's output and the MLP's are normalised too, and its
+    # "ffn_norm" is the norm before the MLP (Llama's post_attention_layernorm)
+    "gemma3": {"attn_q_norm.weight": "self_attn.q_norm.weight",
+               "attn_k_norm.weight": "self_attn.k_norm.weight",
+               "post_attention_norm.weight": "post_attention_layernorm.weight",
+               "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+               "post_ffw_norm.weight": "post_feedforward_layernorm.weight"},
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -40,9 +56,14 @@ def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (supported: {ARCHITECTURES})")
-    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise ModelLoadError(f"unsupported rope scaling {scaling!r}")
+    if "rope_freqs.weight" in tensors:  # Llama 3.1's frequency factors, as a tensor
+        raise ModelLoadError("rope frequency factors in a rope_freqs tensor (Llama 3.1's "
+                             "llama3 scaling) are not read from GGUF yet; the Hugging Face "
+                             "folder of the same model is served")
+    try:
+        rope = rope_from_gguf(meta, arch)
+    except RopeScalingError as e:
+        raise ModelLoadError(str(e)) from e
 
     def key(name, default=None):
         value = meta.get(f"{arch}.{name}", default)
@@ -51,13 +72,15 @@ def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:
         return value
 
     heads = int(key("attention.head_count"))
+    layers = int(key("block_count"))
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
+    hidden = int(key("embedding_length"))
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab or tensors["token_embd.weight"].shape[0]),
-        hidden_size=int(key("embedding_length")),
+        hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_hidden_layers=int(key("block_count")),
+        num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=int(key("attention.head_count_kv", heads)),
         max_position_embeddings=int(key("context_length")),
@@ -69,7 +92,30 @@ def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in [meta.get("tokenizer.ggml.eos_token_id")] if i is not None),
         weight_format=_weight_format(tensors),
+        rope_scaling=rope,
+        **_family_traits(arch, meta, tensors, layers, hidden),
     )
+
+
+def _family_traits(arch: str, meta: dict, tensors: dict, layers: int, hidden: int) -> dict:
+    """The ModelConfig fields beyond Llama's that an architecture's file implies."""
+    if arch == "qwen3":
+        return {"qk_norm": True}
+    if arch == "phi3":
+        window = int(meta.get("phi3.attention.sliding_window") or 0)
+        return {"layer_windows": (window,) * layers if window else ()}
+    if arch == "gemma3":
+        # llama.cpp's own constants for Gemma 3: every sixth layer global, the others over
+        # the window with rope base 10000, attention scaled by head_dim (the file stores norms
+        # as 1 + w already)
+        window = int(meta.get("gemma3.attention.sliding_window") or 0)
+        windows = tuple(0 if (i + 1) % 6 == 0 else window for i in range(layers))
+        return {"qk_norm": True, "sandwich_norms": True, "hidden_act": "gelu_tanh",
+                "embedding_multiplier": math.sqrt(hidden),
+                "layer_windows": windows if window else (),
+                "rope_local_theta": 10000.0 if window else None,
+                "final_logit_softcapping": meta.get("gemma3.final_logit_softcapping")}
+    return {}
 
 
 def _weight_format(tensors: dict) -> str:
@@ -85,11 +131,13 @@ def _weight_format(tensors: dict) -> str:
     return "float" if top in ("F32", "F16", "BF16") else top
 
 
-def hf_name(gguf_name: str, path: str = "") -> str:
+def hf_name(gguf_name: str, path: str = "", arch: str = "llama") -> str:
     """Hugging Face name of a GGUF tensor name; unknown tensors are refused, not dropped."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m:
+        names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
+        if m.group(2) in names:
+            return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
     raise ModelLoadError(f"{path}: unsupported tensor {gguf_name!r}")

@@ -9,13 +9,19 @@ import torch
 from contract.config import ModelConfig
 from contract.errors import ModelLoadError
 from contract.json_files import read_json
+from contract.rope import RopeScalingError, rope_from_hf
 from contract.tokenizer import Tokenizer
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "MistralForCausalLM": "mistral",
+    "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
 }
+# config.json's activation names for the MLP gate, as ModelConfig.hidden_act names them
+HIDDEN_ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
 def read_hf_folder(folder: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -27,6 +33,9 @@ def read_hf_folder(folder: str) -> tuple[ModelConfig, dict[str, torch.Tensor], T
     config = config_from_hf(raw, folder)
     weights = read_safetensors(folder)
     _check_weights(config, weights, folder)
+    if config.architecture == "gemma3":  # its norms multiply by (1 + w): stored as that
+        for name in [n for n in weights if n.endswith("norm.weight")]:
+            weights[name] = weights[name] + 1.0
     return config, weights, tokenizer
 
 
@@ -36,30 +45,87 @@ def config_from_hf(raw: dict, folder: str = "") -> ModelConfig:
     if arch is None:
         raise ModelLoadError(f"{folder}: unsupported architectures {archs} "
                              f"(supported: {sorted(ARCHITECTURES)})")
-    rope = raw.get("rope_parameters") or {}  # transformers >= 5 nests rope settings here
-    scaling = raw.get("rope_scaling") or rope
-    if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-        raise ModelLoadError(f"{folder}: unsupported rope scaling {scaling}")
     try:
         heads = int(raw["num_attention_heads"])
+        layers = int(raw["num_hidden_layers"])
+        global_rope, local_rope = _rope_settings(raw)
         return ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=int(raw["hidden_size"]),
             intermediate_size=int(raw["intermediate_size"]),
-            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_theta=float(global_rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", arch == "qwen2")),
             head_dim=raw.get("head_dim"),
             bos_token_id=raw.get("bos_token_id"),
+            rope_scaling=rope_from_hf(global_rope,
+                                      int(raw.get("max_position_embeddings", 2048))),
+            **_family_traits(arch, raw, layers, local_rope),
         )
+    except RopeScalingError as e:
+        raise ModelLoadError(f"{folder}/config.json: {e}") from e
     except (KeyError, TypeError, ValueError) as e:
         raise ModelLoadError(f"{folder}/config.json: bad or missing field: {e}") from e
+
+
+def _rope_settings(raw: dict) -> tuple[dict, dict | None]:
+    """(the global layers' rope dict, the windowed layers' or None) in either config form:
+    transformers >= 5 nests them in `rope_parameters` (by layer type where they differ),
+    older configs keep `rope_theta`, `rope_scaling` and Gemma's `rope_local_base_freq`."""
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        return params.get("full_attention") or {}, params.get("sliding_attention")
+    rope = dict(params or raw.get("rope_scaling") or {})
+    if "rope_theta" in raw:
+        rope.setdefault("rope_theta", raw["rope_theta"])
+    local = raw.get("rope_local_base_freq")
+    return rope, ({"rope_type": "default", "rope_theta": local} if local else None)
+
+
+def _family_traits(arch: str, raw: dict, layers: int, local_rope: dict | None) -> dict:
+    """The ModelConfig fields beyond Llama's that a config.json implies; what we do not
+    implement (another activation, partial rotary, attention soft-capping) is refused."""
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if act not in HIDDEN_ACTS:
+        raise ValueError(f"hidden activation {act!r} is not served")
+    if float(raw.get("partial_rotary_factor") or
+             (raw.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings are not served")
+    if raw.get("attn_logit_softcapping"):
+        raise ValueError("attention logit soft-capping is not served")
+    traits: dict = {"hidden_act": HIDDEN_ACTS[act], "layer_windows": _windows(raw, layers)}
+    if arch in ("qwen3", "gemma3"):
+        traits["qk_norm"] = True
+    if arch == "gemma3":
+        traits.update(sandwich_norms=True, embedding_multiplier=float(raw["hidden_size"]) ** 0.5,
+                      query_pre_attn_scalar=raw.get("query_pre_attn_scalar"),
+                      final_logit_softcapping=raw.get("final_logit_softcapping"))
+    if local_rope is not None and traits["layer_windows"]:
+        if (local_rope.get("rope_type") or "default") != "default":
+            raise ValueError(f"windowed layers' rope {local_rope} is not served")
+        traits["rope_local_theta"] = float(local_rope["rope_theta"])
+    return traits
+
+
+def _windows(raw: dict, layers: int) -> tuple[int, ...]:
+    """Each layer's attention window (0: global), () when no layer has one."""
+    window = int(raw.get("sliding_window") or 0)
+    if not window or raw.get("use_sliding_window") is False:
+        return ()
+    types = raw.get("layer_types")
+    if types is None:
+        pattern = raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern")
+        types = ["full_attention" if pattern and (i + 1) % int(pattern) == 0
+                 else "sliding_attention" for i in range(layers)]
+    if len(types) != layers:
+        raise ValueError(f"{len(types)} layer_types for {layers} layers")
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
 def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
@@ -84,10 +150,18 @@ def _check_weights(config: ModelConfig, weights: dict, folder: str) -> None:
     if not config.tie_word_embeddings:
         needed.append("lm_head.weight")
     for i in range(config.num_hidden_layers):
-        needed += [f"model.layers.{i}.{n}.weight" for n in (
-            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj",
-            "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-            "mlp.up_proj", "mlp.down_proj")]
+        p = f"model.layers.{i}."
+        needed += [p + n + ".weight" for n in (
+            "input_layernorm", "post_attention_layernorm", "self_attn.o_proj", "mlp.down_proj")]
+        if p + "self_attn.qkv_proj.weight" not in weights:
+            needed += [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        if p + "mlp.gate_up_proj.weight" not in weights:
+            needed += [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        if config.qk_norm:
+            needed += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if config.sandwich_norms:
+            needed += [p + "pre_feedforward_layernorm.weight",
+                       p + "post_feedforward_layernorm.weight"]
     missing = [n for n in needed if n not in weights]
     if missing:
         raise ModelLoadError(f"{folder}: missing tensors {missing[:5]}"

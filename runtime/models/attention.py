@@ -14,7 +14,10 @@ from dataclasses import dataclass
 import torch
 
 import kernels
+from contract.config import ModelConfig
 from runtime.execution.step_inputs import StepLayout, StepTensors
+from runtime.models.rope import rope_frequencies
+from runtime.models.window_attention import longest_context, windowed_attention
 
 
 class RotaryTable:
@@ -22,13 +25,33 @@ class RotaryTable:
     built once: a step gathers its positions' rows in two ops instead of a dozen (the same
     values: each row is computed from its position alone)."""
 
-    def __init__(self, max_positions: int, head_dim: int, theta: float, dtype: torch.dtype,
+    def __init__(self, max_positions: int, cfg: ModelConfig, dtype: torch.dtype,
                  device: torch.device):
         positions = torch.arange(max_positions, device=device)
-        self.cos, self.sin = kernels.rotary_cos_sin(positions, head_dim, theta, dtype)
+        inv_freq, factor = rope_frequencies(cfg.head_dim, cfg.rope_theta,
+                                            cfg.rope_scaling, device)
+        self.cos, self.sin = kernels.rotary_cos_sin(positions, cfg.head_dim, cfg.rope_theta,
+                                                    dtype, inv_freq=inv_freq, factor=factor)
+        self.local: RotaryTable | None = None  # the windowed layers' own (plain) rope
+        if cfg.rope_local_theta is not None:
+            self.local = RotaryTable(max_positions, _plain_rope(cfg), dtype, device)
+
+    @staticmethod
+    def key(cfg: ModelConfig) -> tuple:
+        """What the tables depend on: equal keys, equal tables."""
+        return (cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rope_local_theta)
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+
+
+def _plain_rope(cfg: ModelConfig) -> ModelConfig:
+    """The windowed layers' rope: their own base, no scaling."""
+    import dataclasses
+
+    from contract.rope import DEFAULT_ROPE
+    return dataclasses.replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=DEFAULT_ROPE,
+                               rope_local_theta=None, layer_windows=())
 
 
 @dataclass
@@ -50,11 +73,22 @@ class AttentionMetadata:
     chunk_prefix: torch.Tensor  # [num_chunks] tokens already cached
     max_chunk: int  # the longest chunk (sizes the varlen grid without a sync)
     chunk_seqs: list | None  # what the reference reads (kernels.prefill_plan)
+    # the windowed layers' rope where it differs from the global layers' (Gemma 3)
+    local_cos: torch.Tensor | None = None
+    local_sin: torch.Tensor | None = None
+    _longest: int | None = None
+
+    def longest_context(self) -> int:
+        """The furthest position + 1 a query of the step reaches (read once, for windows)."""
+        if self._longest is None:
+            self._longest = longest_context(self)
+        return self._longest
 
     @classmethod
     def build(cls, t: StepTensors, layout: StepLayout, block_size: int,
               rotary: RotaryTable) -> AttentionMetadata:
         cos, sin = rotary(t.positions)
+        local = rotary.local(t.positions) if rotary.local is not None else (None, None)
         nd = layout.num_decode
         tables, lens = t.block_tables[:nd], t.context_lens[:nd]
         slots = valid = None
@@ -66,23 +100,28 @@ class AttentionMetadata:
         seqs = (kernels.prefill_plan(chunk_tables, block_size, starts, prefix, cos.dtype)
                 if chunks else None)
         return cls(t.slot_mapping, cos, sin, block_size, nd, tables, lens, slots, valid,
-                   chunks, chunk_tables, starts, prefix, layout.max_query, seqs)
+                   chunks, chunk_tables, starts, prefix, layout.max_query, seqs, *local)
 
 
 class PagedAttention:
-    """Stores new K/V in the layer's cache, then attends decodes and prefill chunks."""
+    """Stores new K/V in the layer's cache, then attends decodes and prefill chunks; a layer
+    with a `window` sees only that many positions back (runtime/models/window_attention.py)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
+                 scale: float | None = None, window: int = 0):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.window = window
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  k_cache: torch.Tensor, v_cache: torch.Tensor,
                  meta: AttentionMetadata) -> torch.Tensor:
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
+        if self.window and meta.longest_context() > self.window:
+            return windowed_attention(q, k_cache, v_cache, meta, self.window, self.scale, out)
         nd = meta.num_decode
         # decode
         if nd:

@@ -24,26 +24,55 @@ from runtime.models.linear import Linear
 from runtime.models.weights import LinearMaker, ModelWeights, log_build, one_thread
 
 
+def _fused_or_parts(w: ModelWeights, fused: str, parts: list[str]) -> list:
+    """A projection's matrices: the checkpoint's fused one (Phi-3's qkv_proj, gate_up_proj,
+    in our order) or its parts, stacked by the Linear."""
+    return [w.matrix(fused)] if fused in w else [w.matrix(p) for p in parts]
+
+
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, w: ModelWeights, prefix: str, linear: LinearMaker):
+    def __init__(self, cfg: ModelConfig, w: ModelWeights, prefix: str, linear: LinearMaker,
+                 index: int = 0):
         a = prefix + "self_attn."
         qkv_bias = None
         if cfg.attention_bias or (a + "q_proj.bias") in w:
             qkv_bias = torch.cat([w.tensor(a + "q_proj.bias"), w.tensor(a + "k_proj.bias"),
                                   w.tensor(a + "v_proj.bias")]).contiguous()
-        self.qkv = linear([w.matrix(a + "q_proj.weight"), w.matrix(a + "k_proj.weight"),
-                           w.matrix(a + "v_proj.weight")], qkv_bias)
+        self.qkv = linear(_fused_or_parts(w, a + "qkv_proj.weight", [
+            a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]), qkv_bias)
         self.o_proj = linear([w.matrix(a + "o_proj.weight")])
         m = prefix + "mlp."
-        self.gate_up = linear([w.matrix(m + "gate_proj.weight"), w.matrix(m + "up_proj.weight")])
+        self.gate_up = linear(_fused_or_parts(w, m + "gate_up_proj.weight", [
+            m + "gate_proj.weight", m + "up_proj.weight"]))
         self.down = linear([w.matrix(m + "down_proj.weight")])
         self.input_norm = w.tensor(prefix + "input_layernorm.weight")
-        self.post_norm = w.tensor(prefix + "post_attention_layernorm.weight")
+        # Llama's norm before the MLP is its "post_attention_layernorm"; Gemma's sandwich
+        # normalises attention's output with that name and has its own pre-MLP norm
+        self.sandwich = cfg.sandwich_norms
+        if self.sandwich:
+            self.attn_out_norm = w.tensor(prefix + "post_attention_layernorm.weight")
+            self.post_norm = w.tensor(prefix + "pre_feedforward_layernorm.weight")
+            self.mlp_out_norm = w.tensor(prefix + "post_feedforward_layernorm.weight")
+        else:
+            self.post_norm = w.tensor(prefix + "post_attention_layernorm.weight")
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = w.tensor(a + "q_norm.weight")
+            self.k_norm = w.tensor(a + "k_norm.weight")
+        self.gelu = cfg.hidden_act == "gelu_tanh"
         self.eps = cfg.rms_norm_eps
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim)
+        self.window = cfg.window(index)
+        self.local_rope = self.window > 0 and cfg.rope_local_theta is not None
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
+                                   cfg.attention_scale, self.window)
+
+    @property
+    def plain(self) -> bool:
+        """A Llama layer exactly (what the fused C decode layer computes)."""
+        return not (self.sandwich or self.q_norm is not None or self.gelu or self.window)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata):
@@ -55,15 +84,35 @@ class DecoderLayer:
         t = h.shape[0]
         qkv = self.qkv(h)
         nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        qk = qkv[:, :nq + nk]
+        if self.q_norm is not None:  # per head, before rope (Qwen 3, Gemma 3)
+            qk = torch.cat([self._head_norm(qk[:, :nq], self.q_norm),
+                            self._head_norm(qk[:, nq:], self.k_norm)], dim=1)
+        cos, sin = (meta.local_cos, meta.local_sin) if self.local_rope else (meta.cos, meta.sin)
         # one rotary call covers the query and key heads together
-        qk = kernels.apply_rotary(qkv[:, :nq + nk].view(t, -1, self.head_dim), meta.cos, meta.sin)
+        qk = kernels.apply_rotary(qk.view(t, -1, self.head_dim), cos, sin)
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, nq + nk:].view(t, self.num_kv_heads, self.head_dim)
         attn = self.attn(q, k, v, k_cache, v_cache, meta)
         h = self.o_proj(attn.reshape(t, nq))
+        if self.sandwich:
+            h = kernels.rms_norm(h, self.attn_out_norm, self.eps)
         h, residual = kernels.rms_norm(h, self.post_norm, self.eps, residual)
-        h = self.down(kernels.silu_and_mul(self.gate_up(h)))
+        gate_up = self.gate_up(h)
+        h = self.down(_gelu_and_mul(gate_up) if self.gelu else kernels.silu_and_mul(gate_up))
+        if self.sandwich:
+            h = kernels.rms_norm(h, self.mlp_out_norm, self.eps)
         return h, residual
+
+    def _head_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        t = x.shape[0]
+        return kernels.rms_norm(x.reshape(-1, self.head_dim), weight, self.eps).view(t, -1)
+
+
+def _gelu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU: gelu_tanh(gate) * up, the halves of one fused projection (Gemma)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 class LlamaModel:
@@ -87,12 +136,14 @@ class LlamaModel:
         self.packed_bytes = linear.packed_bytes
         linear.calibration.save()
         # decode-only steps run each layer as one C call where the layers fit it (CPU int8)
-        self.fused = kernels.fused_decoder(self.layers, dtype) if self.device.type == "cpu" \
-            else None
+        # (Llama layers only: the C layer knows no q/k norms, sandwich norms, GeGLU or windows)
+        plain = all(layer.plain for layer in self.layers)
+        self.fused = kernels.fused_decoder(self.layers, dtype) \
+            if self.device.type == "cpu" and plain else None
         log_build(linear, w, built - start, time.perf_counter() - built)
 
     def _build(self, cfg: ModelConfig, w: ModelWeights, linear: LinearMaker) -> None:
-        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}.", linear)
+        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}.", linear, i)
                        for i in range(cfg.num_hidden_layers)]
         self.norm = w.tensor("model.norm.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in w:
@@ -108,6 +159,8 @@ class LlamaModel:
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids: [T]; returns final hidden states [T, hidden] (before the LM head)."""
         x = F.embedding(input_ids, self.embed)
+        if self.cfg.embedding_multiplier != 1.0:  # Gemma: sqrt(hidden), in the model's dtype
+            x = x * torch.tensor(self.cfg.embedding_multiplier, dtype=x.dtype)
         if self.fused is not None and self.fused.takes(meta, x.shape[0], kv_caches):
             x, residual = self.fused.forward(x, meta, kv_caches)
         else:
@@ -119,7 +172,9 @@ class LlamaModel:
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def linears(self) -> list[Linear]:
         """Every Linear, the head last (benchmarks time them; the engine counts their bytes)."""
