@@ -1,7 +1,7 @@
 """The fused CPU decode layer (kernels/cpu/decode_layer.c): what it reads, and when it runs.
 
-A model whose every projection is int8, or a file's own blocks (Q4/Q8 with its float copy,
-int4; K-quants without one, runtime/loading/kquant_weights.py), on the compiled ops gets a
+A model whose every projection is int8, or a file's own blocks (any block form; without a
+float copy, as runtime/models/linear.py serves them, or with one), on the compiled ops gets a
 `FusedDecoder`. For a step of decodes only, float32, no larger than every projection's limit
 (its int8 crossover, runtime/models/linear.py; `F32_MAX_ROWS` for a block weight with a float
 copy; none for one without), it runs each layer as one C call instead of ten ops; any other
@@ -29,8 +29,9 @@ BLOCK_MAX_ROWS = 1 << 30
 def _dense(linear) -> torch.Tensor | None:
     """The float copy the C layer may read for a block weight's larger steps: float32,
     contiguous; None where the Linear keeps none (a K-quant's blocks serve every size)."""
-    w = getattr(linear, "weight", None)
-    if isinstance(w, torch.Tensor) and w.dtype == torch.float32 and w.is_contiguous():
+    # a Linear's `dense` (its `weight` may be a storage-less view of its blocks)
+    w = linear.dense if hasattr(linear, "dense") else getattr(linear, "weight", None)
+    if type(w) is torch.Tensor and w.dtype == torch.float32 and w.is_contiguous():
         return w
     return None
 

@@ -1,4 +1,8 @@
-"""Where the quantized kernel stops paying: measured per weight shape, cached on disk.
+"""Where the int8 kernel stops paying: measured per weight shape, cached on disk.
+
+Only int8 per-row weights (a float checkpoint quantized on request) keep a float copy and a
+crossover; a file's block weights run their kernel at every step size (runtime/models/
+linear.py) and are not measured.
 
 For each distinct (format, N, K) the calibration times the quantized matmul against float32
 `F.linear` at growing row counts and keeps the largest count at which the quantized one is

@@ -1,9 +1,10 @@
 """Read a GGUF file: model config, weights under Hugging Face names, tokenizer.
 
 The header (metadata, tokenizer, tensor directory) is parsed from the mapped file; the tensors
-are read when the model asks for them (`GGUFWeights`): Q4_0/Q4_1/Q8_0 matrices straight into
-the block forms the CPU kernels serve (runtime/loading/gguf_blocks.py), anything else
-dequantized to float32 by gguf's own dequantizers.
+are read when the model asks for them (`GGUFWeights`): quantized matrices (Q4_0, Q4_1, Q5_0,
+Q8_0, the K-quants, IQ4_NL exactly; Q5_1, Q2_K, Q3_K, IQ4_XS approximately, the error
+reported) straight into the block forms the CPU kernels serve (runtime/loading/gguf_blocks.py),
+anything else dequantized to float32 by gguf's own dequantizers.
 """
 from __future__ import annotations
 
@@ -60,11 +61,12 @@ def read_gguf_tokenizer(path: str) -> Tokenizer:
 
 class GGUFWeights(Mapping[str, torch.Tensor]):
     """A GGUF file's tensors by Hugging Face name, read from the mapped file when asked and
-    not kept: `weights[name]` is float32 in HF layout (what `read_gguf` returns), and
-    `blocks(name)` the file's own Q4_0/Q4_1/Q8_0 blocks in their served form
-    (runtime/loading/gguf_blocks.py), None for other types. Both undo llama.cpp's Q/K row
-    interleave. The model takes each tensor once, in the form it serves, so nothing is held
-    twice and no float copy is made only to re-derive the blocks from it."""
+    not kept: `weights[name]` is float32 in HF layout (what `read_gguf` returns: gguf's
+    dequantization, exactly), and `blocks(name)` a quantized matrix in its served block form
+    (runtime/loading/gguf_blocks.py), None for float types. Both undo llama.cpp's Q/K row
+    interleave. A type served approximately has its error on the form (`error`). The model
+    takes each tensor once, in the form it serves, so nothing is held twice and no float copy
+    is made only to re-derive the blocks from it."""
 
     def __init__(self, path: str, tensors: list[TensorInfo], config: ModelConfig):
         self.path, self.config = path, config
@@ -73,15 +75,18 @@ class GGUFWeights(Mapping[str, torch.Tensor]):
         for t in tensors:  # refuse at load, naming the tensor, not at the first use
             if t.ggml_type not in supported:
                 raise ModelLoadError(f"{path}: tensor {t.name} has unsupported type "
-                                     f"{_type_name(t.ggml_type)}")
+                                     f"{_type_name(t.ggml_type)} (supported: "
+                                     f"{', '.join(sorted(k.name for k in supported_types()))})")
         with open(path, "rb") as f:
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        blocks = self.blocks(name)
+        from runtime.loading.gguf_blocks import APPROXIMATED
+
+        t = self.infos[name]
+        blocks = None if t.ggml_type in APPROXIMATED else self.blocks(name)
         if blocks is not None:  # the same float32 values as gguf's dequantizer, faster
             return blocks.dequantized()
-        t = self.infos[name]
         return _unpermute(t.name, _dequantize(self._mm, t, self.path), self.config)
 
     def __contains__(self, name: object) -> bool:
@@ -265,9 +270,13 @@ def _type_name(ggml_type: int) -> str:
 
 
 def supported_types() -> set:
+    """The tensor types read: the float ones, and every block type with a served form
+    (runtime/loading/gguf_blocks.py; any other is refused at load, by name)."""
     from gguf import GGMLQuantizationType as Q
 
-    return {Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1}
+    from runtime.loading.gguf_blocks import BLOCK_SERVED
+
+    return {Q.F32, Q.F16, Q.BF16, *(Q(t) for t in BLOCK_SERVED)}
 
 
 def _dequantize(mm, t: TensorInfo, path: str) -> torch.Tensor:

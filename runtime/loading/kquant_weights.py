@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -46,6 +46,7 @@ class KQuantWeight:
     exact = True  # the file's own weights, always
     d = None  # the scales are inside the blocks (the split forms keep them apart)
     m = None
+    error: Any = None  # never approximated (gguf_blocks.py's `Approximation` for those that are)
 
     def __init__(self, blocks: np.ndarray | torch.Tensor,
                  shape: tuple[int, int] | None = None):
@@ -107,6 +108,11 @@ class KQuantWeight:
         w = dequantize(rows, GGMLQuantizationType[self.ggml_type])
         return torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)).view(n, k)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight as float32 [len(ids), K], exactly `dequantized()[ids]`
+        (an embedding lookup: only those rows' blocks are gathered and unpacked)."""
+        return type(self)(self.qs.index_select(0, ids.reshape(-1))).dequantized()
+
     @property
     def nbytes(self) -> int:
         return self.qs.numel()  # what a step reads: the blocks, scales inside
@@ -161,6 +167,7 @@ class StackedBlocks:
         self.kind = "+".join(p.kind for p in self.parts)
         self.shape = (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
         self.exact = all(p.exact for p in self.parts)
+        self.error = None  # the parts say theirs
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if not (kernels.use_cpu_ops(x) and (bias is None or bias.dtype == torch.float32)):
@@ -177,6 +184,19 @@ class StackedBlocks:
 
     def dequantized(self) -> torch.Tensor:
         return torch.cat([p.dequantized() for p in self.parts])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` as float32, exactly `dequantized()[ids]` (each from its part)."""
+        ids = ids.reshape(-1)
+        out = torch.empty(ids.shape[0], self.shape[1], dtype=torch.float32)
+        at = 0
+        for p in self.parts:
+            n = p.shape[0]
+            mine = ((ids >= at) & (ids < at + n)).nonzero().squeeze(-1)
+            if mine.numel():
+                out[mine] = p.rows(ids[mine] - at)
+            at += n
+        return out
 
     @property
     def nbytes(self) -> int:

@@ -6,20 +6,21 @@ are missing. The scales are rounded to bfloat16 and `dequantized()` uses the sam
 the float copy the runtime keeps for large batches (runtime/models/linear.py) holds exactly the
 weights the kernel multiplies by.
 
-int4 serves a GGUF's own blocks: `Int4Weight` (a Q4_1 block's form: per 32 inputs, 16 bytes
-of nibbles and float16 d, m; w = q * d + m; Q4_0 blocks fit it too) and `Int8BlockWeight` (a
-Q8_0 block's: 32 int8 and a float16 d), multiplied by the compiled kernel
-(kernels/cpu/block_ops.c) on float32 activations. A GGUF's Q4_0/Q4_1/Q8_0 matrices arrive in
-these forms straight from the file (`from_blocks`, runtime/loading/gguf_blocks.py); a float
-weight takes a block form only where the form holds it exactly (the constructors re-derive
-it), so the model multiplies by the file's own weights at every batch size: its block form for
-steps up to a crossover (a batch-1 step of a Q4_1 matrix reads 0.625 of the int8 bytes), the
-same values in float above (`dequantized`).
+int4 serves a GGUF's own blocks, at every step size and without a float copy
+(runtime/models/linear.py): `Int4Weight` (a Q4_1 block's form: per 32 inputs, 16 bytes of
+nibbles and float16 d, m; w = q * d + m; Q4_0 blocks fit it too), `Int8BlockWeight` (a Q8_0
+block's: 32 int8 and a float16 d; Q5_0 and IQ4_NL blocks fit it too) and the K-quants' super-
+blocks (runtime/loading/kquant_weights.py), multiplied by the compiled kernel
+(kernels/cpu/block_ops.c) on float32 activations. A GGUF's matrices arrive in these forms
+straight from the file (runtime/loading/gguf_blocks.py, which also re-derives the types no
+form holds exactly, reporting the error); a float weight takes a block form only where the
+form holds it exactly (the constructors re-derive it), so the model multiplies by the file's
+own weights at every batch size.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Self
+from collections.abc import Callable, Sequence
+from typing import Any, Self
 
 import torch
 
@@ -40,9 +41,10 @@ class QuantizationError(RuntimeErrorBase, ValueError):
 def resolve(requested: str, weight_format: str, device: str) -> str:
     """The format to serve: `none`, `int8` or `int4`.
 
-    `auto` quantizes only what was quantized already (a GGUF with Q4/Q5/Q8 weights), only on a
-    CPU whose torch build has vectorized kernels: int4 (each matrix in the file's own 4- or
-    8-bit blocks for small steps, the same values in float above) for a 4-bit file where the
+    `auto` quantizes only what was quantized already (a GGUF whose matrices are mostly Q4/Q5/
+    Q8, K-quant or IQ4 blocks: `weight_format`, the file's dominant type), only on a CPU whose
+    torch build has vectorized kernels: int4, which means "serve the file's own blocks" (every
+    matrix in its block form at every step size: runtime/loading/gguf_blocks.py), where the
     compiled kernels run, else int8. A float checkpoint stays float unless asked: quantizing
     it would change its outputs without being told to.
     """
@@ -50,12 +52,11 @@ def resolve(requested: str, weight_format: str, device: str) -> str:
         raise QuantizationError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
                                 f"not {requested!r}")
     if requested == "auto":
-        quantized_file = weight_format.startswith("Q")
+        quantized_file = weight_format.startswith(("Q", "IQ"))
         fast = torch.backends.cpu.get_cpu_capability() in _FAST_CPU
         if not (quantized_file and fast and device == "cpu"):
             return "none"
-        four_bit = weight_format.startswith("Q4") and kernels.cpu_ops_take(torch.float32)
-        return "int4" if four_bit else "int8"
+        return "int4" if kernels.cpu_ops_take(torch.float32) else "int8"
     if requested != "none" and device != "cpu":
         raise QuantizationError(f"quantization {requested} runs on the CPU only (device "
                                 f"{device}); use --quantization none")
@@ -96,6 +97,10 @@ class _Blocks:
     shape: tuple[int, int]
     exact: bool
     FIELDS: tuple[str, ...]  # the per-row arrays, `qs` first
+    # for a type served approximately (gguf_blocks.py): how far from the file's weights (an
+    # `Approximation`), and the file's own weights as float32, for a float path
+    error: Any = None
+    file_weights: Callable[[], torch.Tensor] | None = None
 
     def _blocks(self, weight: torch.Tensor) -> torch.Tensor:
         """The weight as [N, K / 32, 32] float32 blocks (and the shape noted)."""
@@ -136,6 +141,12 @@ class _Blocks:
         self.shape = (qs.shape[0], qs.shape[1] * INT4_GROUP)
         self.exact = True
         return self
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight as float32 [len(ids), K], exactly `dequantized()[ids]`
+        (an embedding lookup: only those rows' blocks are gathered and unpacked)."""
+        ids = ids.reshape(-1)
+        return self._from_arrays([a.index_select(0, ids) for a in self.arrays()]).dequantized()
 
     def arrays(self) -> tuple[torch.Tensor, ...]:
         """The per-row arrays of the form, in `FIELDS` order."""
@@ -251,7 +262,11 @@ class Int8BlockWeight(_Blocks):
         return self.qs.numel() + 2 * self.d.numel()
 
 
-BlockWeight = Int4Weight | Int8BlockWeight  # a GGUF file's own blocks, held exactly
+# a GGUF file's blocks in a form the block kernels run: the split forms above, a K-quant's
+# super-blocks (kquant_weights.py), or a fused projection's parts of several forms stacked
+from runtime.loading.kquant_weights import KQuantWeight, StackedBlocks  # noqa: E402
+
+BlockWeight = Int4Weight | Int8BlockWeight | KQuantWeight | StackedBlocks
 
 
 def quantize(weight: torch.Tensor, kind: str) -> Int8Weight | Int4Weight:

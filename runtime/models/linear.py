@@ -1,39 +1,55 @@
-"""A linear layer that picks its kernel by the number of rows in the step.
+"""A linear layer in its served form, resident once.
 
-Weight-only quantized kernels win when a step is small (a batch-1 decode reads the weights
-once and does little arithmetic on them) and lose when it is large (dequantizing inside the
-kernel costs more than float32 GEMM's arithmetic saves): measured on the 2-core machines,
-int8 ran a 576x49152 projection in 0.4x the time of float32 at 1 row and 1.7x at 64. So a
-quantized layer keeps both: the packed weight for steps of at most `max_quant_rows` rows and
-its exact float dequantization for larger ones (runtime/loading/quantization.py explains why the two
-agree up to the activations' rounding). The crossover is measured per weight shape at start
-(runtime/loading/calibration.py), once every weight is loaded (runtime/models/llama.py sets it).
+A GGUF's quantized matrices are served as the file's blocks (`small`: runtime/loading/
+quantization.py's `Int4Weight` / `Int8BlockWeight`, runtime/loading/kquant_weights.py's
+K-quants, or a fused projection's parts of several forms stacked) at every step size: the
+compiled block kernel unpacks each weight in registers for small steps and a panel of rows
+into a per-thread scratch for many tokens (kernels/cpu/block_ops.c), so no float copy of the
+matrix is kept (issue 31: the copies made a worker five times the file's size). Every batch
+size multiplies by the file's own weights.
 
-With int4, a weight keeps the block form the GGUF file holds it in instead (`small`,
-runtime/loading/quantization.py: 4-bit `Int4Weight` or 8-bit `Int8BlockWeight`) for steps of up to
-`max_small_rows` rows, and its float copy is the file's own weights: every batch size
-multiplies by the same values.
+An int8 per-row weight (a float checkpoint quantized on request, `packed`) keeps its float
+copy: its kernel (kernels/cpu/decode_ops.c) runs any step size but measured 1.6-1.8x float32
+GEMM's time from 128 tokens up on the 2-core machines, so steps above a measured crossover
+(runtime/loading/calibration.py) run the float copy; the copy holds exactly the int8 weights
+(quantization.py explains why the two agree up to the activations' rounding). A float
+checkpoint served as float is its one float copy.
+
+`weight` is the float weight where one is held; for a block-served Linear it is a tensor
+without storage (`BlockRows`) whose embedding lookup gathers rows from the blocks and whose
+other uses dequantize the weight for that call only, so code that reads `weight` (the tied
+embedding, byte counts) keeps working without a resident copy.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_map
 
 from runtime.loading.quantization import BlockWeight, Int8Weight
 
 
 class Linear:
-    __slots__ = ("weight", "bias", "packed", "max_quant_rows", "small", "max_small_rows")
+    __slots__ = ("_weight", "bias", "packed", "max_quant_rows", "small", "max_small_rows",
+                 "shape")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+    def __init__(self, weight: torch.Tensor | None, bias: torch.Tensor | None = None,
                  packed: Int8Weight | None = None, max_quant_rows: int = 0,
                  small: BlockWeight | None = None, max_small_rows: int = 0):
-        self.weight = weight  # float, [N, K]: the large-step path (and the reference)
+        if weight is None and small is None:
+            raise ValueError("a Linear needs a float weight or a block form")
+        self._weight = weight  # float [N, K]: an int8 weight's large steps; None: blocks only
         self.bias = bias
         self.packed = packed
         self.max_quant_rows = max_quant_rows if packed is not None else 0
         self.small = small
-        self.max_small_rows = max_small_rows if small is not None else 0
+        # without a float copy the blocks run every step size
+        self.max_small_rows = (max_small_rows if weight is not None else 1 << 62) \
+            if small is not None else 0
+        self.shape: tuple[int, int] = tuple(
+            small.shape if small is not None else weight.shape)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
@@ -43,8 +59,70 @@ class Linear:
         if rows <= self.max_quant_rows:
             assert self.packed is not None
             return self.packed.matmul(x, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self._weight, self.bias)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.weight.shape)  # type: ignore[return-value]
+    def weight(self) -> torch.Tensor:
+        """The float weight [N, K]: the one held, else a storage-less view of the blocks
+        (`BlockRows`)."""
+        if self._weight is not None:
+            return self._weight
+        assert self.small is not None
+        return BlockRows(self.small)
+
+    @property
+    def dense(self) -> torch.Tensor | None:
+        """The float copy held, or None (a block weight served alone)."""
+        return self._weight
+
+    @property
+    def float_bytes(self) -> int:
+        """Bytes of the float copy this Linear keeps (0: blocks only)."""
+        w = self._weight
+        return 0 if w is None else w.numel() * w.element_size()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the weight, float [len(ids), K] (a tied embedding's lookup): gathered
+        from the blocks where no float copy is held, exactly `dequantized()[ids]`."""
+        if self._weight is not None:
+            return F.embedding(ids, self._weight)
+        assert self.small is not None
+        return self.small.rows(ids)
+
+
+class BlockRows(torch.Tensor):
+    """A block weight as a float32 [N, K] tensor without storage: `F.embedding(ids, it)`
+    gathers and dequantizes only the rows asked for (the tied embedding of a block-served
+    head); shape, dtype and `numel()` are the weight's; any other operation dequantizes the
+    whole weight for that call (nothing keeps it)."""
+
+    blocks: Any
+
+    @staticmethod
+    def __new__(cls, blocks: Any) -> BlockRows:
+        t = torch.Tensor._make_wrapper_subclass(
+            cls, blocks.shape, dtype=torch.float32, device=torch.device("cpu"))
+        t.blocks = blocks
+        return t
+
+    def __init__(self, blocks: Any):
+        super().__init__()
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"BlockRows({self.blocks!r})"
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.embedding and len(args) == 2 and isinstance(args[1], BlockRows) \
+                and kwargs.get("padding_idx") is None and kwargs.get("max_norm") is None:
+            ids = args[0]  # (F.embedding passes its other defaults: no effect on a lookup)
+            return args[1].blocks.rows(ids).view(*ids.shape, args[1].shape[1])
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def dense(a):
+            return a.blocks.dequantized() if isinstance(a, BlockRows) else a
+        return func(*tree_map(dense, args), **tree_map(dense, kwargs or {}))

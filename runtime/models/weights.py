@@ -1,8 +1,9 @@
 """How a checkpoint's tensors become the model's weights: `ModelWeights` reads each tensor as
 the model asks for it (a GGUF's quantized matrices as the file's own blocks), `LinearMaker`
 turns a matrix (or the parts of a fused one) into a `runtime/models/linear.py` Linear in the
-served form, and the start-up line says what was built and how long it took. Every model
-family builds its projections here, so the forms and their crossovers are decided once.
+served form, resident once (a file's blocks without a float copy; parts of several block forms
+stacked as `StackedBlocks`), and the start-up line says what was built and how long it took.
+Every model family builds its projections here, so the forms and their crossovers are decided once.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -21,6 +23,7 @@ from runtime.loading.quantization import (
     Int4Weight,
     Int8BlockWeight,
     Int8Weight,
+    StackedBlocks,
 )
 from runtime.models.linear import Linear
 
@@ -43,10 +46,16 @@ def one_thread() -> Iterator[None]:
 
 def log_build(linear: LinearMaker, w: ModelWeights, build_s: float, crossover_s: float):
     forms = ", ".join(f"{form} {n}" for form, n in linear.forms.items())
-    floats = sum(lin.weight.numel() * lin.weight.element_size() for lin in linear.made)
-    log.info("model built in %.2f s (tensors read %.2f s, float copies %.2f s, %d MiB): "
-             "%d matrices as %s; %d vectors", build_s, w.read_seconds, linear.float_seconds,
-             floats >> 20, len(linear.made), forms, w.vectors)
+    floats = sum(lin.float_bytes for lin in linear.made)
+    blocks = sum(lin.small.nbytes for lin in linear.made if lin.small is not None)
+    log.info("model built in %.2f s (tensors read %.2f s, float weights %.2f s, %d MiB; "
+             "blocks %d MiB): %d matrices as %s; %d vectors", build_s, w.read_seconds,
+             linear.float_seconds, floats >> 20, blocks >> 20, len(linear.made), forms,
+             w.vectors)
+    for kind, e in linear.approximations.items():
+        log.info("%s matrices served approximately (%d re-derived in 8-bit blocks): max abs "
+                 "error %.3g, RMS relative error %.3g against the file's weights", kind,
+                 e.matrices, e.max_abs, e.rms_relative)
     c = linear.calibration
     saved = {"settled": f"saved to {c.path}", "provisional":
              f"the machine is busy: kept as provisional in {c.busy_path}"}.get(c.saved_as,
@@ -54,7 +63,7 @@ def log_build(linear: LinearMaker, w: ModelWeights, build_s: float, crossover_s:
     if c.measured:
         log.info("kernel crossovers: %d shapes measured in %.1f s (%s)", c.measured, c.seconds,
                  saved)
-    elif linear.max_quant_rows is None and linear.forms.keys() - {"float"}:
+    elif linear.max_quant_rows is None and any(lin.packed is not None for lin in linear.made):
         log.info("kernel crossovers: read from %s in %.2f s", c.busy_path + " (provisional: "
                  "the machine is busy)" if c.used_provisional else c.path, crossover_s)
 
@@ -91,8 +100,9 @@ class ModelWeights:
 
 
 class LinearMaker:
-    """Builds the model's Linears in one format; with quantization, the packed weight, its
-    float dequantization (the large-step path) and the measured crossover between them."""
+    """Builds the model's Linears in one format: a file's blocks alone (int4: the block
+    kernels run every step size), int8 per row with its float dequantization (the large-step
+    path) and the measured crossover between them, or float."""
 
     def __init__(self, quantization: str, dtype: torch.dtype, calibration: Calibration | None,
                  max_quant_rows: int | None, device: torch.device | None = None):
@@ -105,15 +115,16 @@ class LinearMaker:
         self.made: list[Linear] = []
         self.forms: dict[str, int] = {}  # matrices by the form served, for the start-up line
         self.float_seconds = 0.0  # making the float copies
+        # the file's types served approximately (runtime/loading/gguf_blocks.py), by type
+        self.approximations: dict[str, Any] = {}
 
     def __call__(self, parts: Sequence[torch.Tensor | BlockWeight],
                  bias: torch.Tensor | None = None) -> Linear:
         """The Linear of `parts` stacked along N (one matrix, or fused q/k/v, gate/up).
         Its crossover is set later, by `set_crossovers`."""
         small = self._file_blocks(parts)
-        if small is not None:  # the file's own blocks, and the same weights in float
-            linear = Linear(self._timed(lambda: small.dequantized().to(self.dtype)), bias,
-                            small=small)
+        if small is not None:  # the file's own blocks, at every step size
+            linear = Linear(None, bias, small=small)
             self._note(f"{small.kind} (file blocks)", small.nbytes)
         else:
             linear = self._from_float(self._float(parts), bias)
@@ -127,43 +138,52 @@ class LinearMaker:
             self._note("float", 0)
             return Linear(weight.contiguous(), bias)
         small = self._exact_blocks(weight)
-        if small is not None:  # int4: the blocks a float copy holds exactly
+        if small is not None:  # int4: the blocks a float weight holds exactly, alone
             self._note(f"{small.kind} (from float)", small.nbytes)
-            return Linear(weight.to(self.dtype).contiguous(), bias, small=small)
+            return Linear(None, bias, small=small)
         packed = Int8Weight(weight)
         self._note(packed.kind, packed.nbytes)
         return Linear(packed.dequantized().to(self.dtype).contiguous(), bias, packed)
 
     def set_crossovers(self) -> None:
-        """Each quantized Linear's crossover, measured (or found in the calibration's table)
-        once every weight is in place, with the thread count the steps will use."""
+        """Each int8 Linear's crossover, measured (or found in the calibration's table) once
+        every weight is in place, with the thread count the steps will use. Block weights
+        have none: their kernel runs every step size."""
         for linear in self.made:
-            if linear.small is not None:
-                linear.max_small_rows = self._crossover(linear.small.kind, linear.weight,
-                                                        linear.small)
-            elif linear.packed is not None:
+            if linear.packed is not None:
                 linear.max_quant_rows = self._crossover("int8", linear.weight, linear.packed)
 
-    def _crossover(self, kind: str, dense: torch.Tensor, packed: Int8Weight | BlockWeight) -> int:
+    def _crossover(self, kind: str, dense: torch.Tensor, packed: Int8Weight) -> int:
         if self.max_quant_rows is not None:
             return self.max_quant_rows
         return self.calibration.max_quant_rows(kind, dense, packed)
 
     def _file_blocks(self, parts: Sequence[torch.Tensor | BlockWeight]) -> BlockWeight | None:
-        """With int4 where the C kernel runs, the parts' blocks stacked when they all came in
-        one block form; else None (a float path takes them)."""
+        """With int4 where the C kernel runs, the parts' blocks stacked: one matrix where
+        they came in one block form, else each run of one form joined and the runs chained
+        (`StackedBlocks`); None where a part is float (a float path takes them)."""
         blocks = [p for p in parts if isinstance(p, BlockWeight)]
         if not self._serves_blocks() or len(blocks) != len(parts):
             return None
-        form = type(blocks[0])
-        if not all(type(b) is form for b in blocks):
-            return None  # 4- and 8-bit parts: one matrix cannot hold both
-        return form.cat(blocks)  # type: ignore[arg-type]
+        runs: list[list] = []
+        for b in blocks:
+            if runs and type(runs[-1][0]) is type(b) and not isinstance(b, StackedBlocks):
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        for b in blocks:
+            e = getattr(b, "error", None)
+            if e is not None:
+                seen = self.approximations.get(e.ggml_type)
+                self.approximations[e.ggml_type] = e if seen is None else seen + e
+        joined = [type(run[0]).cat(run) if len(run) > 1 else run[0] for run in runs]
+        return joined[0] if len(joined) == 1 else StackedBlocks(joined)
 
     def _float(self, parts: Sequence[torch.Tensor | BlockWeight]) -> torch.Tensor:
         def one(p: torch.Tensor | BlockWeight) -> torch.Tensor:
-            if isinstance(p, BlockWeight):
-                return self._timed(lambda: p.dequantized().to(self.device, self.dtype))
+            if isinstance(p, BlockWeight):  # the file's weights (not an approximation's)
+                exact = getattr(p, "file_weights", None) or p.dequantized
+                return self._timed(lambda: exact().to(self.device, self.dtype))
             return p
         floats = [one(p) for p in parts]
         return floats[0] if len(floats) == 1 else torch.cat(floats)

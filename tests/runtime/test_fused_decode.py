@@ -11,7 +11,7 @@ import torch
 import kernels
 from contract.sampling_params import SamplingParams
 from kernels import cpu_build, cpu_ops
-from kernels.cpu_layer import F32_MAX_ROWS, FusedDecoder
+from kernels.cpu_layer import BLOCK_MAX_ROWS, FusedDecoder
 from testkit.q4_weights import snapped_to_q4_1
 
 pytestmark = pytest.mark.skipif(not cpu_ops.available(),
@@ -123,17 +123,17 @@ def make_4bit_engine(tiny_checkpoint, monkeypatch):
 
 
 def test_4bit_fused_steps_give_the_op_by_op_tokens_and_logprobs(make_4bit_engine, monkeypatch):
-    """The fused layer reads each matrix's 4-bit form up to its crossover, as the op-by-op
-    path does, and both give the same tokens and logprobs."""
+    """The fused layer reads each matrix's 4-bit form (no float copy: every step size), as the
+    op-by-op path does, and both give the same tokens and logprobs."""
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
     plain = make_4bit_engine(fused=False)
     qkv = plain.runner.model.layers[0].qkv
-    assert qkv.small is not None and qkv.small.exact and qkv.max_small_rows == 16
+    assert qkv.small is not None and qkv.small.exact and qkv.dense is None
     prompts = [plain.tokenizer.encode(t) for t in PROMPTS]
     expected = run(plain, prompts, params)
     eng = make_4bit_engine(fused=True)
     weights = eng.runner.model.fused.weights[0]
-    assert weights.qkv.qs and weights.down.small_rows == 16  # the C layer got the 4-bit form
+    assert weights.qkv.qs and not weights.down.dense  # the C layer got the 4-bit form alone
     small_calls = count_calls(monkeypatch, type(qkv.small), "matmul")
     sizes = fused_batch_sizes(eng, monkeypatch)
     got = run(eng, prompts, params)
@@ -145,17 +145,16 @@ def test_4bit_fused_steps_give_the_op_by_op_tokens_and_logprobs(make_4bit_engine
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
 
 
-def test_4bit_steps_above_the_crossover_run_the_float_copy_fused(make_4bit_engine,
-                                                                  monkeypatch):
-    """With the 4-bit form only up to one row, the fused layer runs larger decode steps from
-    the float copy of the same weights (f32_ops.c), and the tokens are the op-by-op engine's
-    (F.linear on that copy)."""
+def test_4bit_decode_steps_of_any_size_run_the_blocks_fused(make_4bit_engine, monkeypatch):
+    """No float copy is kept, so no crossover bounds the fused layer: decode steps of every
+    size run the 4-bit blocks in C (the kernel's panels from a few rows up), and the tokens
+    are the op-by-op engine's (the same kernel)."""
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     plain = make_4bit_engine(fused=False, quant_max_rows=1)
     prompts = [plain.tokenizer.encode(t) for t in PROMPTS]
     expected = plain.generate(prompts, params)
     eng = make_4bit_engine(fused=True, quant_max_rows=1)
-    assert eng.runner.model.fused.max_rows == F32_MAX_ROWS
+    assert eng.runner.model.fused.max_rows == BLOCK_MAX_ROWS
     sizes = fused_batch_sizes(eng, monkeypatch)
     assert eng.generate(prompts, params) == expected
     assert max(sizes) == len(PROMPTS)

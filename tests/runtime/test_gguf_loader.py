@@ -192,7 +192,7 @@ def test_random_bytes_and_missing_file(tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    path = str(tmp_path / "q6k.gguf")
+    path = str(tmp_path / "tq2.gguf")
     writer = gguf.GGUFWriter(path, "llama")
     for add, value in [("block_count", 1), ("context_length", 64), ("embedding_length", 256),
                        ("feed_forward_length", 256), ("head_count", 4)]:
@@ -200,15 +200,15 @@ def test_unsupported_quant_type(tmp_path):
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(byte_level_vocab()[0])
     writer.add_token_merges([])
-    # Q6_K: 256 values in 210 bytes; the bytes need not mean anything, the loader must refuse
-    writer.add_tensor("token_embd.weight", np.zeros((4, 210), np.uint8), raw_dtype=Q.Q6_K)
+    # TQ2_0 (ternary): 256 values in 66 bytes; meaningless bytes, the loader must refuse
+    writer.add_tensor("token_embd.weight", np.zeros((4, 66), np.uint8), raw_dtype=Q.TQ2_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     meta, tensors = read_header(path)
     assert tensors[0].shape == (4, 256)
-    with pytest.raises(ModelLoadError, match="q6k.gguf.*Q6_K"):
+    with pytest.raises(ModelLoadError, match="tq2.gguf.*TQ2_0"):
         read_gguf(path)
 
 

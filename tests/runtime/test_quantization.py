@@ -63,10 +63,11 @@ def test_int4_recovers_a_q4_1_files_own_values():
 def test_auto_quantizes_only_what_the_file_had_quantized():
     assert resolve("auto", "float", "cpu") == "none"
     assert resolve("auto", "Q4_1", "cuda") == "none"
-    assert resolve("auto", "Q8_0", "cpu") == ("int8" if FAST_CPU else "none")
-    # a 4-bit file keeps its 4-bit weights where the compiled kernel runs them
-    four_bit = "int4" if kernels.cpu_ops_take(torch.float32) else "int8"
-    assert resolve("auto", "Q4_1", "cpu") == (four_bit if FAST_CPU else "none")
+    # a quantized file (any block type: 4-, 5-, 8-bit, K-quant, IQ4) keeps its blocks where
+    # the compiled kernel runs them ("int4" means: serve the file's blocks)
+    blocks = "int4" if kernels.cpu_ops_take(torch.float32) else "int8"
+    for dominant in ("Q4_1", "Q8_0", "Q5_0", "Q4_K", "Q6_K", "IQ4_XS"):
+        assert resolve("auto", dominant, "cpu") == (blocks if FAST_CPU else "none")
     assert resolve("none", "Q4_1", "cpu") == "none"
     assert resolve("int4", "float", "cpu") == "int4"  # asked for (4 bits only where exact)
 
@@ -299,7 +300,7 @@ def smollm_int4(smollm_checkpoint):
 @pytest.mark.skipif(not kernels.cpu_ops_take(torch.float32), reason="no compiled CPU ops")
 def test_smollm_auto_multiplies_by_the_files_own_weights(smollm_int4, hf_smollm):
     """auto serves SmolLM2's Q4_1 matrices in their own 4-bit form and its Q8_0 embedding (the
-    tied output head) in its own 8-bit blocks, with the file's float weights for larger steps:
+    tied output head) in its own 8-bit blocks, at every step size and without float copies:
     every step multiplies by the file's weights, so it is transformers on the same file, to
     float32 rounding and token for token."""
     model = smollm_int4.runner.model
@@ -309,8 +310,10 @@ def test_smollm_auto_multiplies_by_the_files_own_weights(smollm_int4, hf_smollm)
     for layer in model.layers:
         for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down):
             assert isinstance(lin.small, Int4Weight) and lin.small.exact
-            assert lin.max_small_rows == 10_000 and lin.packed is None
+            assert lin.dense is None and lin.packed is None
     head = model.lm_head
     assert isinstance(head.small, Int8BlockWeight) and head.small.exact and head.packed is None
-    assert torch.equal(model.embed, hf_smollm.model.embed_tokens.weight)
+    assert head.dense is None
+    ids = torch.tensor([0, 5, 49151, 5])
+    assert torch.equal(head.rows(ids), hf_smollm.model.embed_tokens.weight[ids])
     assert_agrees_with(smollm_int4, hf_smollm)
