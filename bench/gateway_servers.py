@@ -14,6 +14,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from bench.processes import process_tree
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The fake engine's token cycle (runtime/fake_engine.py WORDS, as the SmolLM2 tokenizer splits it).
@@ -145,19 +147,12 @@ class ServerProcess:
     def cpu_seconds(self) -> float:
         """User + system CPU seconds of the server's process tree (Linux /proc)."""
         tick = os.sysconf("SC_CLK_TCK")
-        total, todo, seen = 0.0, [self.proc.pid], set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
+        total = 0.0
+        for pid in process_tree(self.proc.pid):
             try:
                 with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-                for task in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{task}/children") as f:
-                        todo += [int(c) for c in f.read().split()]
             except (OSError, IndexError, ValueError):
                 pass
         return total

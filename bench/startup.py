@@ -38,6 +38,7 @@ from pathlib import Path
 
 from bench.common import REPO_ROOT, fmt, log, markdown_table, median, write_json
 from bench.gateway_servers import free_port
+from bench.processes import process_tree
 
 POLL_S = 0.02  # between two GET /ready: the resolution of the timings
 # a worker's progress lines, its ready line and a kernel build (which would spoil a warm run)
@@ -118,18 +119,11 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _tree_rss_mib(pid: int) -> float:
     """Resident memory of a process and its descendants (Linux /proc), MiB."""
-    total, todo, seen = 0, [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
+    total = 0
+    for p in process_tree(pid):
         try:
             with open(f"/proc/{p}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
         except (OSError, StopIteration, ValueError):
             pass
     return total / 1024
