@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import gguf
 import numpy as np
 import pytest
 import torch
@@ -24,6 +23,7 @@ from runtime.loading.gguf_blocks import APPROXIMATED, BLOCK_SERVED, read_blocks
 from runtime.loading.kquant_weights import KQuantWeight, StackedBlocks
 from runtime.loading.loader import load_checkpoint
 from runtime.loading.quantization import Int4Weight, Int8BlockWeight, resolve
+from testkit.tiny_gguf import llama_writer
 from testkit.tolerances import read_from
 from tests.runtime.test_gguf_loader import byte_level_vocab
 
@@ -142,17 +142,8 @@ def write_kquant_gguf(path: str, types: dict = Q4_K_M, embed: Q = Q.Q8_0, seed: 
     with small scales, so activations stay near one)."""
     rng = np.random.default_rng(seed)
     tokens, merges = byte_level_vocab()
-    writer = gguf.GGUFWriter(path, "llama")
-    for add, value in [("block_count", LAYERS), ("context_length", 256),
-                       ("embedding_length", HIDDEN), ("feed_forward_length", FFN),
-                       ("head_count", HEADS), ("head_count_kv", KV_HEADS)]:
-        getattr(writer, "add_" + add)(value)
-    writer.add_layer_norm_rms_eps(1e-6)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_token_list(tokens)
-    writer.add_token_merges(merges)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    writer = llama_writer(path, (tokens, merges), layers=LAYERS, hidden=HIDDEN, ffn=FFN,
+                          heads=HEADS, kv_heads=KV_HEADS)
     vocab = len(tokens)
     writer.add_tensor("token_embd.weight", file_bytes(embed, vocab, HIDDEN, seed, 0.01),
                       raw_dtype=embed)
