@@ -10,13 +10,14 @@ import time
 import torch
 
 from contract.config import EngineConfig
-from contract.errors import DuplicateRequestError, StartError
+from contract.errors import DuplicateRequestError
 from contract.frames import KvEvents
 from contract.model_families import with_family_defaults
 from contract.outputs import EngineCounters, RequestOutput, StepSample, StepStats
 from contract.sampling_params import SamplingParams
 from contract.tokenizer import load_chat_template
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.engine_checks import check_device, context_length
 from runtime.execution.overlap import InFlight, needs_ordered_steps, overlap_enabled
 from runtime.execution.runner import ModelRunner
 from runtime.execution.thread_governor import ThreadGovernor
@@ -33,27 +34,6 @@ from runtime.spec_decode.drafter import draft_cost, make_drafter
 from runtime.structured.manager import GrammarError, StructuredOutputs
 
 GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
-
-
-def check_device(device: str) -> None:
-    """A CUDA device this process cannot see is a StartError, not torch's AssertionError from
-    deep in the model's construction."""
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        build = "is a CPU-only build" if torch.version.cuda is None and torch.version.hip is None \
-            else "sees no GPU"
-        raise StartError(f"--device {device}: torch {torch.__version__} {build}; use --device "
-                         f"cpu, or a machine and a torch build with CUDA")
-
-
-def context_length(requested: int | None, model: str, model_context: int) -> int:
-    """--max-model-len, or the model's context; more than the model's context is refused, as
-    vLLM does: positions past what the model was trained on give garbage, not longer answers."""
-    if requested is None:
-        return model_context
-    if requested > model_context:
-        raise StartError(f"--max-model-len {requested} exceeds the context of {model} "
-                         f"({model_context} tokens); give at most {model_context}")
-    return requested
 
 
 class LLMEngine:
