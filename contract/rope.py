@@ -34,6 +34,9 @@ class RopeScaling:
     mscale: float = 0.0  # yarn (DeepSeek's): with mscale_all_dim, the attention factor's ratio
     mscale_all_dim: float = 0.0
     truncate: bool = True  # yarn: round the correction range outward
+    # a GGUF's `rope_freqs` tensor (llama.cpp's converter writes Llama 3.1's llama3 scaling
+    # so): each rotated half-dimension's frequency divided by its factor, after the type's
+    frequency_factors: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.type not in ROPE_TYPES:
@@ -42,6 +45,11 @@ class RopeScaling:
         if self.type != "default" and not self.factor > 0:
             raise RopeScalingError(f"rope scaling {self.type} needs a positive factor, "
                                    f"not {self.factor!r}")
+        if self.frequency_factors and self.type not in ("default", "linear"):
+            raise RopeScalingError(f"rope frequency factors with rope scaling {self.type} "
+                                   "(this runtime applies them to plain or linear RoPE)")
+        if any(not f > 0 for f in self.frequency_factors):
+            raise RopeScalingError("rope frequency factors must be positive")
         if self.type in ("llama3", "yarn") and self.original_max_position_embeddings <= 0:
             raise RopeScalingError(f"rope scaling {self.type} needs "
                                    "original_max_position_embeddings")
@@ -74,16 +82,19 @@ def rope_from_hf(raw: dict | None, max_position_embeddings: int) -> RopeScaling:
     return RopeScaling(**fields)
 
 
-def rope_from_gguf(meta: dict, arch: str) -> RopeScaling:
-    """From a GGUF's `{arch}.rope.scaling.*` keys. Llama 3.1's files carry no such key: their
-    frequencies are in a `rope_freqs.weight` tensor, which the loader reads instead."""
+def rope_from_gguf(meta: dict, arch: str,
+                   frequency_factors: tuple[float, ...] = ()) -> RopeScaling:
+    """From a GGUF's `{arch}.rope.scaling.*` keys and its `rope_freqs.weight` tensor's values
+    (`frequency_factors`; Llama 3.1's files carry their llama3 scaling only there)."""
     def key(name: str, default=None):
         return meta.get(f"{arch}.rope.scaling.{name}", default)
 
     kind = key("type", "none")
     if kind in ("none", "default"):
-        return DEFAULT_ROPE
+        return RopeScaling(frequency_factors=frequency_factors) if frequency_factors \
+            else DEFAULT_ROPE
     fields: dict = {"type": kind, "factor": float(key("factor", 0.0)),
+                    "frequency_factors": frequency_factors,
                     "original_max_position_embeddings": int(key("original_context_length", 0))}
     if kind == "yarn":
         if key("yarn_beta_fast") is not None:

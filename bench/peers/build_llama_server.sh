@@ -7,7 +7,7 @@
 #   bench/peers/build_llama_server.sh            # prints the server binary's path
 set -euo pipefail
 CACHE="${INFERSTACK_PEER_CACHE:-$HOME/.cache/inferstack/llamacpp}"
-PIP="${PIP:-$(dirname "$0")/../../.venv/bin/pip}"
+PIP="${PIP:-$(cd "$(dirname "$0")/../.." && pwd)/.venv/bin/pip}"  # absolute: the script cds below
 BIN="$CACHE/build/bin/llama-server"
 if [[ -x "$BIN" ]]; then echo "$BIN"; exit 0; fi
 mkdir -p "$CACHE"

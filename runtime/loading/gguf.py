@@ -40,10 +40,20 @@ def open_gguf(path: str) -> tuple[ModelConfig, GGUFWeights, Tokenizer]:
     of a GGUF file. Reads the header only: no tensor data yet."""
     meta, tensors = read_header(path)
     with _errors_named(path):
-        config = config_from_metadata(meta, {t.name: t for t in tensors})
+        by_name = {t.name: t for t in tensors}
+        config = config_from_metadata(meta, by_name, _rope_factors(path, by_name))
         tokenizer = Tokenizer.from_gguf_metadata(_tokenizer_metadata(meta))
         weights = GGUFWeights(path, tensors, config)
     return config, weights, tokenizer
+
+
+def _rope_factors(path: str, tensors: dict) -> tuple[float, ...]:
+    """The `rope_freqs.weight` tensor's values (Llama 3.1's files), () where there is none."""
+    info = tensors.get("rope_freqs.weight")
+    if info is None:
+        return ()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return tuple(float(v) for v in _dequantize(mm, info, path).reshape(-1).tolist())
 
 
 def read_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:

@@ -48,20 +48,24 @@ _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
+    # read into the config's rope scaling at load (config_from_metadata); no model weight
+    "rope_freqs.weight": "rope_freqs.weight",
 }
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def config_from_metadata(meta: dict, tensors: dict) -> ModelConfig:
+def config_from_metadata(meta: dict, tensors: dict,
+                         rope_factors: tuple[float, ...] = ()) -> ModelConfig:
+    """The config a GGUF's metadata describes; `rope_factors` are its `rope_freqs.weight`
+    tensor's values (the caller reads them: Llama 3.1's llama3 scaling lives there)."""
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"unsupported GGUF architecture {arch!r} (supported: {ARCHITECTURES})")
-    if "rope_freqs.weight" in tensors:  # Llama 3.1's frequency factors, as a tensor
-        raise ModelLoadError("rope frequency factors in a rope_freqs tensor (Llama 3.1's "
-                             "llama3 scaling) are not read from GGUF yet; the Hugging Face "
-                             "folder of the same model is served")
+    if "rope_freqs.weight" in tensors and not rope_factors:
+        raise ModelLoadError("the file's rope_freqs tensor (rope frequency factors) was not "
+                             "read")
     try:
-        rope = rope_from_gguf(meta, arch)
+        rope = rope_from_gguf(meta, arch, rope_factors)
     except RopeScalingError as e:
         raise ModelLoadError(str(e)) from e
 

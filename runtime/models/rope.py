@@ -18,6 +18,12 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling,
                      device: torch.device | str = "cpu") -> tuple[torch.Tensor, float]:
     """inv_freq [head_dim / 2] float32 and the tables' scale for `scaling`."""
     inv_freq = _plain(head_dim, theta, device)
+    if scaling.frequency_factors:  # a GGUF's rope_freqs, as llama.cpp divides by them
+        factors = torch.tensor(scaling.frequency_factors, dtype=torch.float32, device=device)
+        if factors.numel() != inv_freq.numel():
+            raise ValueError(f"{factors.numel()} rope frequency factors for a head of "
+                             f"{head_dim} dimensions (needs {inv_freq.numel()})")
+        inv_freq = inv_freq / factors
     if scaling.type == "default":
         return inv_freq, 1.0
     if scaling.type == "linear":  # positions divided by the factor, i.e. the frequencies

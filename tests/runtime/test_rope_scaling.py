@@ -104,3 +104,32 @@ def test_gguf_keys():
     assert tempered.attention_factor == pytest.approx(0.5 * (0.1 * math.log(4.0) + 1))
     with pytest.raises(RopeScalingError, match="'longrope'"):
         rope_from_gguf({"phi3.rope.scaling.type": "longrope"}, "phi3")
+
+
+def test_gguf_frequency_factors_are_llama3():
+    """Llama 3.1's files carry its scaling as per-dimension factors (llama.cpp's converter's
+    formula, testkit/family_gguf.py): dividing plain frequencies by them is transformers'
+    llama3 scaling, to float32 rounding (a division where transformers blends)."""
+    from testkit.family_gguf import llama3_rope_factors
+
+    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    cfg = LlamaConfig(hidden_size=4096, num_attention_heads=32, rope_parameters=params,
+                      max_position_embeddings=131072)
+    factors = tuple(float(f) for f in llama3_rope_factors(cfg))
+    meta = {"llama.rope.freq_base": 500000.0}
+    ours, scale = rope_frequencies(128, 500000.0, rope_from_gguf(meta, "llama", factors))
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
+    assert scale == 1.0
+    torch.testing.assert_close(ours, want, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+
+
+def test_bad_frequency_factors_are_refused():
+    with pytest.raises(RopeScalingError, match="frequency factors with rope scaling yarn"):
+        RopeScaling(type="yarn", factor=4.0, original_max_position_embeddings=256,
+                    frequency_factors=(1.0, 2.0))
+    with pytest.raises(RopeScalingError, match="positive"):
+        RopeScaling(frequency_factors=(1.0, 0.0))
+    with pytest.raises(ValueError, match="3 rope frequency factors"):
+        rope_frequencies(16, 10000.0, RopeScaling(frequency_factors=(1.0, 2.0, 3.0)))
