@@ -108,6 +108,13 @@ def _cpu_cache_op(x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
     return use_cpu_ops(x) and x.stride(-1) == 1 and cpu_ops.takes_caches(k_cache, v_cache)
 
 
+def windows_in_kernels(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether paged attention of q against these caches takes a sliding `window` itself (the
+    C kernels do; the Triton and reference ones do not, and their windowed layers take
+    runtime/models/window_attention.py's path)."""
+    return not use_triton(q) and _cpu_cache_op(q, k_cache, v_cache)
+
+
 def int8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None = None,
                 panels: torch.Tensor | None = None) -> torch.Tensor:
@@ -164,12 +171,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float, *, block_tables: torch.Tensor | None = None,
                            context_lens: torch.Tensor | None = None,
                            block_size: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """q [B, H, D] against the paged cache. Give block_tables [B, W] + context_lens [B] +
     block_size (what the Triton kernel reads) and (slots, valid) from `decode_slots` (what the
     reference reads; built from the tables here when None), or only (slots, valid). Returns
-    the result, written into `out` when one is given."""
+    the result, written into `out` when one is given. A `window` > 0 is for the C kernel
+    only (`windows_in_kernels`)."""
     page = block_size if block_size is not None else 16
+    if window and not windows_in_kernels(q, k_cache, v_cache):
+        raise ValueError("this paged attention kernel has no sliding window")
     if use_triton(q):
         if block_tables is not None and context_lens is not None:
             return paged_decode_attention_triton(q, k_cache, v_cache, block_tables,
@@ -179,7 +189,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if (block_tables is not None and context_lens is not None
             and _cpu_cache_op(q, k_cache, v_cache)):
         return cpu_ops.decode_attention(q, k_cache, v_cache, block_tables, context_lens, page,
-                                        scale, out=out)
+                                        scale, out=out, window=window)
     if slots is None:
         slots, valid = context_slots(block_tables, context_lens, page)
     result = paged_decode_attention_ref(q, k_cache, v_cache, slots, valid, scale)
@@ -214,19 +224,23 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              seqs: list[VarlenSeq] | None = None,
                              k_new: torch.Tensor | None = None,
                              v_new: torch.Tensor | None = None,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+                             out: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """All prefill chunks of a step in one call: q [T, H, D], sequence i owning rows
     cu_seqlens_q[i]:cu_seqlens_q[i + 1] at positions num_prefix[i]... (see the kernel file);
     other rows of `out` are left alone. The reference reads `seqs` from `prefill_plan` and
     the rows' own k_new/v_new where a sequence has no prefix; the Triton kernel and the C op
-    (kernels/cpu/attention.c) read the cache (the new K/V are stored first)."""
+    (kernels/cpu/attention.c) read the cache (the new K/V are stored first). A `window` > 0
+    is for the C op only (`windows_in_kernels`)."""
+    if window and not windows_in_kernels(q, k_cache, v_cache):
+        raise ValueError("this prefill attention kernel has no sliding window")
     if use_triton(q):
         return prefill_attention_varlen_triton(q, k_cache, v_cache, block_tables, block_size,
                                                cu_seqlens_q, num_prefix, scale, max_q_len,
                                                out=out)
     if _cpu_cache_op(q, k_cache, v_cache):
         return cpu_ops.prefill_attention(q, k_cache, v_cache, block_tables, block_size,
-                                         cu_seqlens_q, num_prefix, scale, out=out)
+                                         cu_seqlens_q, num_prefix, scale, out=out,
+                                         window=window)
     return prefill_attention_varlen_ref(q, k_cache, v_cache, block_tables, block_size,
                                         cu_seqlens_q, num_prefix, scale, max_q_len, seqs=seqs,
                                         k_new=k_new, v_new=v_new, out=out)
@@ -235,7 +249,8 @@ def prefill_attention_varlen(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 __all__ = [
     "rms_norm", "apply_rotary", "rotary_cos_sin", "silu_and_mul", "store_kv",
     "paged_decode_attention", "prefill_attention", "prefill_attention_varlen", "context_slots",
-    "decode_slots", "prefill_plan", "int8_matmul", "block_matmul", "int8_kernel", "use_cpu_ops",
+    "decode_slots", "prefill_plan", "windows_in_kernels", "int8_matmul", "block_matmul",
+    "int8_kernel", "use_cpu_ops",
     "fused_decoder",
     "FORCE_REFERENCE", "FORCE_TRITON", "NO_FUSED_LAYER", "HAS_TRITON", "use_triton",
 ]

@@ -48,7 +48,7 @@ class AttentionArgs(ctypes.Structure):
                 ("cache_slot", _I), ("cache_head", _I), ("kind", _I), ("tables", _P),
                 ("table_stride", _I), ("page", _I), ("heads", _I), ("kv_heads", _I),
                 ("head_dim", _I), ("scale", _F), ("out", _P), ("out_row", _I),
-                ("out_head", _I)]
+                ("out_head", _I), ("window", _I)]
 
 
 class StoreKVArgs(ctypes.Structure):

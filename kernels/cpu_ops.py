@@ -217,9 +217,10 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 def _attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     tables: torch.Tensor, block_size: int, scale: float,
-                    out: torch.Tensor) -> AttentionArgs:
-    """The C struct of q and out [rows, H, D], the caches [slots, KVH, D] and the tables."""
-    return AttentionArgs(
+                    out: torch.Tensor, window: int = 0) -> AttentionArgs:
+    """The C struct of q and out [rows, H, D], the caches [slots, KVH, D] and the tables
+    (`window` > 0: each query sees only that many positions back, its own included)."""
+    return AttentionArgs(window=window,
         q=q.data_ptr(), q_row=q.stride(0), q_head=q.stride(1), k_cache=k_cache.data_ptr(),
         v_cache=v_cache.data_ptr(), cache_slot=k_cache.stride(0), cache_head=k_cache.stride(1),
         kind=CACHE_KINDS[k_cache.dtype], tables=tables.data_ptr(), table_stride=tables.stride(0),
@@ -229,15 +230,16 @@ def _attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
-                     scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+                     scale: float, out: torch.Tensor | None = None,
+                     window: int = 0) -> torch.Tensor:
     """q [B, H, D] against caches [slots, KVH, D] of a `CACHE_KINDS` dtype; tables [B, W],
-    lens [B] int64."""
+    lens [B] int64; a `window` > 0 limits each query to its last `window` positions."""
     b, h, d = q.shape
     if out is None:
         out = torch.empty(b, h, d, dtype=torch.float32)
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     lens = context_lens.contiguous()
-    args = _attention_args(q, k_cache, v_cache, tables, block_size, scale, out)
+    args = _attention_args(q, k_cache, v_cache, tables, block_size, scale, out, window)
     failed = _lib.decode_attention(ctypes.byref(args), lens.data_ptr(), b,
                                    torch.get_num_threads())
     if failed:
@@ -248,17 +250,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, block_size: int, cu_seqlens_q: torch.Tensor,
                       num_prefix: torch.Tensor, scale: float,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+                      out: torch.Tensor | None = None, window: int = 0) -> torch.Tensor:
     """Chunk i's rows cu_seqlens_q[i]:cu_seqlens_q[i + 1] of q [T, H, D] at positions
     num_prefix[i].. against its context in caches [slots, KVH, D] (the rows' own K/V stored
-    first), causal; tables [C, W]. Other rows of `out` are left alone."""
+    first), causal (and within `window` positions, when > 0); tables [C, W]. Other rows of
+    `out` are left alone."""
     t, h, d = q.shape
     if out is None:
         out = torch.empty(t, h, d, dtype=torch.float32)
     tables = block_tables.to(torch.int64).contiguous()
     starts = cu_seqlens_q.to(torch.int64).contiguous()
     prefix = num_prefix.to(torch.int64).contiguous()
-    args = _attention_args(q, k_cache, v_cache, tables, block_size, scale, out)
+    args = _attention_args(q, k_cache, v_cache, tables, block_size, scale, out, window)
     failed = _lib.prefill_attention(ctypes.byref(args), starts.data_ptr(), prefix.data_ptr(),
                                     tables.shape[0], torch.get_num_threads())
     if failed:

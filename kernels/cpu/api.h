@@ -72,6 +72,7 @@ typedef struct {
     float scale;
     float *out;
     int64_t out_row, out_head;
+    int64_t window; /* 0: every earlier position; else a query sees the last `window` ones */
 } AttentionArgs;
 
 /* new K/V rows [T, KVH, D] by row and head strides, and the caches they go into */

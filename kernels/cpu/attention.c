@@ -17,7 +17,10 @@
  * Layout: q and out [T, H, D] with row and head strides; caches [slots, KVH, D] (slot and
  * head strides in elements, unit inner stride); position p of a sequence lives in slot
  * table[p / page] * page + p % page. Query row r of a task sits at position first + r and
- * sees positions 0..first + r. KV head h serves query heads h * G .. h * G + G - 1.
+ * sees positions 0..first + r, or with a sliding window W (Gemma 3's local layers, Mistral's)
+ * first + r - W + 1..first + r: a task starts at the chunk holding its first row's earliest
+ * visible position, and masks the lanes before each vector's own. KV head h serves query
+ * heads h * G .. h * G + G - 1.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -192,10 +195,12 @@ INLINE void add_values(float *const acc[QG], const float corr[QG], float w[QG][C
     }
 }
 
-/* one query vector's online softmax step over a chunk of scores s, of which its first n >= 1
- * are positions it sees: s becomes the weights exp(s - new max) (0 past n), its running max m
- * and sum l move on; returns the factor its output so far is scaled by */
-INLINE float chunk_weights(float *s, int n, float *m, float *l) {
+/* one query vector's online softmax step over a chunk of scores s, of which lanes lo..n
+ * (0 <= lo < n) are positions it sees (a window hides those before lo): s becomes the weights
+ * exp(s - new max) (0 outside), its running max m and sum l move on; returns the factor its
+ * output so far is scaled by */
+INLINE float chunk_weights(float *s, int lo, int n, float *m, float *l) {
+    for (int i = 0; i < lo; i++) s[i] = -INFINITY; /* out of the max */
     float mx = s[0];
     if (n == CHUNK) { /* the common case, without a chain of scalar compares */
         __m256 v = _mm256_max_ps(_mm256_loadu_ps(s), _mm256_loadu_ps(s + 8));
@@ -209,10 +214,13 @@ INLINE float chunk_weights(float *s, int n, float *m, float *l) {
     __m256 mv = _mm256_set1_ps(mnew), total = _mm256_setzero_ps();
     for (int i = 0; i < CHUNK; i += 8) {
         __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         if (i + 8 > n) /* lanes past n are not positions this vector sees */
             e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
-                                     _mm256_set1_epi32(n - i),
-                                     _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))));
+                                     _mm256_set1_epi32(n - i), lane)));
+        if (lo > i) /* nor those before its window (exp clamps -inf to a tiny weight) */
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                                     lane, _mm256_set1_epi32(lo - i - 1))));
         _mm256_storeu_ps(s + i, e);
         total = _mm256_add_ps(total, e);
     }
@@ -226,6 +234,7 @@ typedef struct {
     const void *k, *v;
     int64_t slot, head, page; /* strides in elements; positions a page */
     int kind;                 /* KV_F32, KV_F16 or KV_BF16 */
+    int64_t window;           /* 0: no window */
 } Cache;
 
 INLINE int64_t slot_of(const int64_t *table, int64_t page, int64_t p) {
@@ -249,9 +258,14 @@ INLINE int attend_body(const float *q, int64_t q_row, int64_t q_head, int64_t ro
     for (int64_t i = 0; i < vectors * D; i++) acc[i] = 0.0f;
     int64_t offs[CHUNK];
     float s[QG][CHUNK];
-    for (int64_t p0 = 0; p0 < end; p0 += CHUNK) {
+    int64_t lo = c->window ? first - c->window + 1 : 0; /* the task's earliest visible */
+    lo = lo > 0 ? lo : 0;
+    for (int64_t p0 = lo / CHUNK * CHUNK; p0 < end; p0 += CHUNK) {
         int n = end - p0 < CHUNK ? (int)(end - p0) : CHUNK;
-        for (int i = 0; i < n; i++) offs[i] = slot_of(table, c->page, p0 + i) * c->slot;
+        /* a lane before the task's window reads its first visible row instead (masked all
+         * the same): what lies outside every window is never read */
+        for (int i = 0; i < n; i++)
+            offs[i] = slot_of(table, c->page, p0 + i < lo ? lo : p0 + i) * c->slot;
         /* the rows AHEAD chunks on, fetched while this one computes, each KV head's while
          * that head's scores and values run (the first query group's calls: later groups of
          * a prefill tile find them fetched). Measured over 30 layers' caches (not one layer
@@ -269,13 +283,17 @@ INLINE int attend_body(const float *q, int64_t q_row, int64_t q_head, int64_t ro
             for (int64_t f = 0; f < rows * G; f += QG) {
                 const float *qp[QG];
                 float *accs[QG], *ms[QG], *ls[QG], corr[QG];
-                int seen[QG], most = 0;
+                int seen[QG], before[QG], most = 0;
                 for (int j = 0; j < QG; j++) {
                     int64_t r = (f + j) / G, g = (f + j) % G, visible = first + r + 1 - p0;
                     int64_t vec = r * heads + (h - h0) * G + g;
-                    if (f + j >= rows * G || visible <= 0) { /* nothing of its own to do */
+                    /* lanes before the vector's window (its earliest visible position) */
+                    int64_t early = c->window ? first + r - c->window + 1 - p0 : 0;
+                    before[j] = early > 0 ? (int)(early < CHUNK ? early : CHUNK) : 0;
+                    if (f + j >= rows * G || visible <= 0 || before[j] >= visible ||
+                        before[j] >= n) { /* the chunk holds none of its positions */
                         qp[j] = q, accs[j] = spare_acc, ms[j] = spare, ls[j] = spare + 1;
-                        seen[j] = 1;
+                        seen[j] = 1, before[j] = 0; /* nothing of its own to do */
                         continue;
                     }
                     qp[j] = q + r * q_row + (h * G + g) * q_head;
@@ -287,7 +305,8 @@ INLINE int attend_body(const float *q, int64_t q_row, int64_t q_head, int64_t ro
                 chunk_scores(qp, kh, offs, most, D, scale, s, kind, ahead, f ? 0 : (int)na);
                 spare[0] = -INFINITY, spare[1] = 0.0f;
                 for (int j = 0; j < QG; j++)
-                    corr[j] = chunk_weights(s[j], seen[j] < most ? seen[j] : most, ms[j], ls[j]);
+                    corr[j] = chunk_weights(s[j], before[j], seen[j] < most ? seen[j] : most,
+                                            ms[j], ls[j]);
                 add_values(accs, corr, s, vh, offs, most, D, kind, ahead, f ? 0 : (int)na);
             }
         }
@@ -316,7 +335,8 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
 
 /* the cache a's strides describe, as attend_task reads it */
 static Cache cache_of(const AttentionArgs *a) {
-    const Cache c = {a->k_cache, a->v_cache, a->cache_slot, a->cache_head, a->page, (int)a->kind};
+    const Cache c = {a->k_cache, a->v_cache, a->cache_slot, a->cache_head, a->page,
+                     (int)a->kind, a->window};
     return c;
 }
 

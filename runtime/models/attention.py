@@ -105,7 +105,8 @@ class AttentionMetadata:
 
 class PagedAttention:
     """Stores new K/V in the layer's cache, then attends decodes and prefill chunks; a layer
-    with a `window` sees only that many positions back (runtime/models/window_attention.py)."""
+    with a `window` sees only that many positions back: in the C kernels where they run,
+    else through runtime/models/window_attention.py's reference path."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int,
                  scale: float | None = None, window: int = 0):
@@ -120,19 +121,23 @@ class PagedAttention:
                  meta: AttentionMetadata) -> torch.Tensor:
         kernels.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = torch.empty_like(q)
+        window = 0  # the kernels' own window, where a context reaches past it
         if self.window and meta.longest_context() > self.window:
-            return windowed_attention(q, k_cache, v_cache, meta, self.window, self.scale, out)
+            if not kernels.windows_in_kernels(q, k_cache, v_cache):
+                return windowed_attention(q, k_cache, v_cache, meta, self.window, self.scale,
+                                          out)
+            window = self.window
         nd = meta.num_decode
         # decode
         if nd:
             kernels.paged_decode_attention(
                 q[:nd], k_cache, v_cache, meta.decode_slots, meta.decode_valid, self.scale,
                 block_tables=meta.decode_tables, context_lens=meta.decode_lens,
-                block_size=meta.block_size, out=out[:nd])
+                block_size=meta.block_size, out=out[:nd], window=window)
         # prefill
         if meta.num_chunks:
             kernels.prefill_attention_varlen(
                 q, k_cache, v_cache, meta.chunk_tables, meta.block_size, meta.chunk_starts,
                 meta.chunk_prefix, self.scale, meta.max_chunk, seqs=meta.chunk_seqs,
-                k_new=k, v_new=v, out=out)
+                k_new=k, v_new=v, out=out, window=window)
         return out

@@ -2,10 +2,11 @@
 
 A query at position p sees the keys at positions p - window + 1 .. p. While every context of a
 step fits in the window that is plain causal attention, and the layer runs the usual kernels
-(runtime/models/attention.py); only a step that reaches past the window comes here. This is
+(runtime/models/attention.py); a step that reaches past the window runs the C kernels with
+their window where they run (kernels/cpu/attention.c), else comes here. This is
 the reference form: each sequence's visible keys gathered from its block table and one
 scaled-dot-product call with the window's mask, correct on any device, not the fastest
-(the compiled kernels have no window yet). Every block stays allocated: windowed and global
+(the Triton kernels have no window yet). Every block stays allocated: windowed and global
 layers share one block table, so the prefix cache, the disk tier and PD transfers see the same
 blocks for both.
 """

@@ -122,6 +122,11 @@ for head_dim, dtype in ((64, torch.float32), (40, torch.float32), (64, torch.flo
     expected = prefill_attention_varlen_ref(q, kc, vc, tables, 16, cu, prefix, 0.125)
     got = cpu_ops.prefill_attention(q, kc, vc, tables, 16, cu, prefix, 0.125)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+from tests.kernels.test_cpu_attention import windowed_reference
+q, kc, vc, tables, cu, prefix = chunks_case(SEQS, 2, 3, 40)
+expected = windowed_reference(q, kc, vc, tables, cu, prefix, 0.125, 24)
+got = cpu_ops.prefill_attention(q, kc, vc, tables, 16, cu, prefix, 0.125, window=24)
+torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
 print("ok")
 """
 
@@ -133,3 +138,58 @@ def test_the_avx2_build_computes_the_same(tmp_path):
     run = subprocess.run([sys.executable, "-c", AVX2_CHECK], env=env, cwd=root,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-2000:]
+
+
+def windowed_reference(q, k_cache, v_cache, tables, cu, prefix, scale, window):
+    """Each chunk row at position p against positions p - window + 1 .. p, one masked SDPA a
+    chunk over the gathered context (the float32 reference; the cache widened)."""
+    out = torch.zeros_like(q)
+    for i in range(len(prefix)):
+        start, end, first = int(cu[i]), int(cu[i + 1]), int(prefix[i])
+        positions = torch.arange(first, first + end - start)
+        keys = torch.arange(0, first + end - start)
+        slots = tables[i][keys // PAGE] * PAGE + keys % PAGE
+        mask = (keys[None] <= positions[:, None]) & (keys[None] > positions[:, None] - window)
+        k = torch.nan_to_num(k_cache[slots].float()).transpose(0, 1)  # unread: NaN -> 0
+        v = torch.nan_to_num(v_cache[slots].float()).transpose(0, 1)
+        out[start:end] = torch.nn.functional.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1)[None], k[None], v[None], attn_mask=mask,
+            scale=scale, enable_gqa=True)[0].transpose(0, 1)
+    return out
+
+
+def _poison_before(cache, table, upto: int):
+    """NaN in a sequence's positions 0..upto - 1: outside every window of its rows."""
+    for p in range(upto):
+        cache[int(table[p // PAGE]) * PAGE + p % PAGE] = float("nan")
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 40, 100])
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_sliding_windows_match_the_reference(window, cache_dtype):
+    """Prefill chunks and decodes with a sliding window: each row sees only its last `window`
+    positions, whatever the chunk and page alignment, and positions outside every row's
+    window are never read (NaN there)."""
+    seqs = [(0, 37), (15, 16), (250, 70), (100, 1)]
+    q, kc, vc, tables, cu, prefix = chunks_case(seqs, 2, 3, 64, seed=window,
+                                                cache_dtype=cache_dtype)
+    for row, (first, _) in zip(tables, seqs, strict=True):
+        _poison_before(kc, row, max(first - window + 1, 0))
+        _poison_before(vc, row, max(first - window + 1, 0))
+    expected = windowed_reference(q, kc, vc, tables, cu, prefix, 0.125, window)
+    got = cpu_ops.prefill_attention(q, kc, vc, tables, PAGE, cu, prefix, 0.125, window=window)
+    assert_close(got, expected, "attention")
+    # the last row of each chunk as a decode: one query at its sequence's last position
+    last = cu[1:] - 1
+    lens = prefix + (cu[1:] - cu[:-1])
+    got = cpu_ops.decode_attention(q[last].contiguous(), kc, vc, tables, lens, PAGE, 0.125,
+                                   window=window)
+    assert_close(got, expected[last], "attention")
+
+
+def test_a_window_longer_than_every_context_is_plain_causal():
+    q, kc, vc, tables, cu, prefix = chunks_case(SEQS, 2, 3, 64, seed=5)
+    plain = cpu_ops.prefill_attention(q, kc, vc, tables, PAGE, cu, prefix, 0.125)
+    windowed = cpu_ops.prefill_attention(q, kc, vc, tables, PAGE, cu, prefix, 0.125,
+                                         window=10_000)
+    assert torch.equal(plain, windowed)
