@@ -6,6 +6,13 @@ from dataclasses import dataclass
 from contract.rope import DEFAULT_ROPE, RopeScaling
 
 HIDDEN_ACTS = ("silu", "gelu_tanh")  # the MLP's gate activation (runtime/models/llama.py)
+# how a mixture-of-experts layer picks each token's experts (runtime/models/routing.py):
+# softmax_topk: softmax over all experts, the k largest (Mixtral, Qwen2/3-MoE, DeepSeek-V2's
+#   "greedy"); softmax_group_topk: DeepSeek-V2's "group_limited_greedy" (groups ranked by their
+#   best probability); sigmoid_group_topk: DeepSeek-V3's sigmoid scores, chosen with the
+#   correction bias added (groups ranked by the sum of their two best biased scores), weighted
+#   without it
+ROUTERS = ("softmax_topk", "softmax_group_topk", "sigmoid_group_topk")
 
 
 @dataclass(frozen=True)
@@ -18,9 +25,13 @@ class ModelConfig:
     the embeddings, takes its attention scale from `query_pre_attn_scalar`, and runs most
     layers over a sliding window with their own rope base (`layer_windows`,
     `rope_local_theta`). Norm weights are stored as the multiplier itself: a checkpoint that
-    keeps Gemma's (1 + w) form has it added at load."""
+    keeps Gemma's (1 + w) form has it added at load. A mixture of experts (Mixtral, Qwen2/3-MoE)
+    replaces the MLP of its MoE layers (`moe_layers`) by `num_experts` routed experts, of which
+    each token runs `experts_per_token`, chosen and weighted by `router`, plus a shared expert
+    where it has one (runtime/models/moe.py)."""
 
-    architecture: str  # "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3"
+    # "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe"
+    architecture: str
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -49,6 +60,22 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     rope_local_theta: float | None = None  # rope base of the windowed layers (plain rope)
     final_logit_softcapping: float | None = None  # logits = c * tanh(logits / c)
+    # mixture of experts (runtime/models/moe.py): 0 experts for a dense model
+    num_experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 0  # k: routed experts each token runs
+    moe_intermediate_size: int = 0  # each routed expert's MLP width
+    # the always-run expert's width (DeepSeek: moe_intermediate_size * n_shared_experts,
+    # Qwen2-MoE: shared_expert_intermediate_size); 0: none
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = False  # Qwen2-MoE: scaled by sigmoid(x . shared_expert_gate)
+    router: str = "softmax_topk"  # one of ROUTERS
+    router_normalizes: bool = False  # the k weights divided by their sum (norm_topk_prob)
+    routed_scaling_factor: float = 1.0  # the routed experts' sum multiplied by this
+    router_groups: int = 1  # experts split into this many groups (n_group) ...
+    router_groups_kept: int = 1  # ... of which a token's experts come from the best (topk_group)
+    # per layer, whether its MLP is the experts (DeepSeek's first_k_dense_replace and
+    # moe_layer_freq, Qwen's decoder_sparse_step and mlp_only_layers); () with experts: all
+    moe_layers: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -61,10 +88,41 @@ class ModelConfig:
         if self.layer_windows and len(self.layer_windows) != self.num_hidden_layers:
             raise ValueError(f"{len(self.layer_windows)} layer windows for "
                              f"{self.num_hidden_layers} layers")
+        if self.num_experts:
+            self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"router {self.router!r} is not served (one of "
+                             f"{', '.join(ROUTERS)})")
+        if not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(f"{self.experts_per_token} experts per token of "
+                             f"{self.num_experts}")
+        if self.moe_intermediate_size < 1:
+            raise ValueError("a mixture of experts needs moe_intermediate_size")
+        if self.num_experts % self.router_groups or \
+                not 0 < self.router_groups_kept <= self.router_groups:
+            raise ValueError(f"{self.num_experts} experts in {self.router_groups} groups, "
+                             f"{self.router_groups_kept} kept")
+        if self.router_groups_kept * (self.num_experts // self.router_groups) \
+                < self.experts_per_token:
+            raise ValueError(f"the {self.router_groups_kept} groups kept hold fewer than "
+                             f"{self.experts_per_token} experts")
+        if self.moe_layers and len(self.moe_layers) != self.num_hidden_layers:
+            raise ValueError(f"{len(self.moe_layers)} MoE layer flags for "
+                             f"{self.num_hidden_layers} layers")
+        if self.shared_expert_gated and not self.shared_expert_intermediate_size:
+            raise ValueError("a shared expert gate without a shared expert")
 
     def window(self, layer: int) -> int:
         """How many keys (itself included) a query of `layer` sees; 0 for all."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the routed experts (else the dense MLP)."""
+        if not self.num_experts:
+            return False
+        return self.moe_layers[layer] if self.moe_layers else True
 
     @property
     def attention_scale(self) -> float:

@@ -363,7 +363,13 @@ class LLMEngine:
                 "spec_drafts": c.spec_drafts, "spec_draft_tokens": c.spec_draft_tokens,
                 "spec_accepted_tokens": c.spec_accepted_tokens,
                 "spec_accepted_per_pos": list(c.spec_accepted_per_pos),
-                "overlapped_steps": c.overlapped_steps}
+                "overlapped_steps": c.overlapped_steps, **self._expert_load()}
+
+    def _expert_load(self) -> dict:
+        """A mixture of experts' tokens routed to each expert since start, per layer
+        ([layers][experts], dense layers' rows 0: runtime/models/moe.py); {} when dense."""
+        load = getattr(self.runner.model, "expert_load", None)
+        return {} if load is None else {"expert_tokens": load.total().tolist()}
 
     def drain_kv_events(self) -> KvEvents | None:
         """Cached blocks stored and removed since the last call, or None (runtime/kv/events.py)."""

@@ -9,12 +9,15 @@ tokenizer is testkit/tiny_model.py's.
 
 Families: llama (plain, linear, llama3 and yarn rope scaling), qwen3 (q/k norms), phi3 (fused
 qkv and gate/up), gemma3 (sandwich norms, q/k norms, GeGLU, scaled embeddings, sliding-window
-layers with their own rope base).
+layers with their own rope base), and the mixtures of experts: mixtral (8 experts, 2 per token,
+softmax over the top 2), qwen3_moe (8 experts, 3 per token, normalised, a dense middle layer
+through `mlp_only_layers`), qwen2_moe (un-normalised, a gated shared expert).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,11 +36,20 @@ ROPE = {
     "llama-yarn": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                    "original_max_position_embeddings": 256},
 }
-FAMILIES = (*ROPE, "qwen3", "phi3", "gemma3")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
+FAMILIES = (*ROPE, "qwen3", "phi3", "gemma3", *MOE_FAMILIES)
 
 
 def _config(family: str, vocab: int, ids: dict):
-    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config
+    from transformers import (
+        Gemma3TextConfig,
+        LlamaConfig,
+        MixtralConfig,
+        Phi3Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common = {**SHAPE, "vocab_size": vocab, "tie_word_embeddings": False, **ids}
     if family in ROPE:
@@ -59,6 +71,18 @@ def _config(family: str, vocab: int, ids: dict):
                                                           "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                        "rope_theta": 1000000.0}})
+    rope: Any = {"rope_type": "default", "rope_theta": 10000.0}
+    if family == "mixtral":
+        return MixtralConfig(**common, rope_parameters=rope, num_local_experts=8,
+                             num_experts_per_tok=2)
+    if family == "qwen3_moe":
+        return Qwen3MoeConfig(**common, rope_parameters=rope, num_experts=8, num_experts_per_tok=3,
+                              moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1])
+    if family == "qwen2_moe":
+        shape = {k: v for k, v in common.items() if k != "head_dim"}  # hidden / heads
+        return Qwen2MoeConfig(**shape, rope_parameters=rope, num_experts=8, num_experts_per_tok=2,
+                              moe_intermediate_size=32, shared_expert_intermediate_size=96,
+                              norm_topk_prob=False)
     raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
 
 
@@ -66,7 +90,11 @@ def _model_class(family: str):
     import transformers
 
     return {"qwen3": transformers.Qwen3ForCausalLM, "phi3": transformers.Phi3ForCausalLM,
-            "gemma3": transformers.Gemma3ForCausalLM}.get(family, transformers.LlamaForCausalLM)
+            "gemma3": transformers.Gemma3ForCausalLM,
+            "mixtral": transformers.MixtralForCausalLM,
+            "qwen3_moe": transformers.Qwen3MoeForCausalLM,
+            "qwen2_moe": transformers.Qwen2MoeForCausalLM}.get(family,
+                                                               transformers.LlamaForCausalLM)
 
 
 def _randomize(model, family: str, seed: int) -> None:

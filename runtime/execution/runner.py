@@ -233,6 +233,11 @@ class ModelRunner:
     def _capture_graphs(self) -> DecodeGraphs | None:
         if not self.config.cuda_graphs or DecodeGraphs.supported(self.device) is not None:
             return None
+        if self.model_cfg.num_experts:
+            # a captured MoE step could not group its tokens by expert (the run lengths are
+            # read on the host): it would run every expert on every row, and replays would
+            # go uncounted in the expert load
+            return None
         self._rotary(self.model_cfg)  # built outside the capture, which only reads it
         graphs = DecodeGraphs(self._forward_packed, self.device, self.block_size,
                               -(-self.max_model_len // self.block_size), self.padding_block,

@@ -6,7 +6,9 @@ float, or weight-only quantized for small steps (`quantization` int8/int4). A GG
 matrices come as the file's own blocks (`ModelWeights.matrix`): with int4 they are served as
 they are (fused parts stacked), otherwise dequantized, as any float weight. Tokens of all requests
 in a step are flattened into one [T, hidden] batch; only attention knows about request boundaries
-(see runtime/models/attention.py).
+(see runtime/models/attention.py). A mixture-of-experts layer (Mixtral, Qwen2/3-MoE) has a
+`runtime/models/moe.py` SparseMoE in place of the MLP; the tokens routed to each expert are
+counted in the model's `expert_load`.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from contract.config import ModelConfig
 from runtime.loading.calibration import Calibration
 from runtime.models.attention import AttentionMetadata, PagedAttention
 from runtime.models.linear import Linear
+from runtime.models.moe import ExpertLoad, SparseMoE
 from runtime.models.weights import LinearMaker, ModelWeights, log_build, one_thread
 
 
@@ -32,7 +35,7 @@ def _fused_or_parts(w: ModelWeights, fused: str, parts: list[str]) -> list:
 
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, w: ModelWeights, prefix: str, linear: LinearMaker,
-                 index: int = 0):
+                 index: int = 0, expert_load: ExpertLoad | None = None):
         a = prefix + "self_attn."
         qkv_bias = None
         if cfg.attention_bias or (a + "q_proj.bias") in w:
@@ -42,9 +45,13 @@ class DecoderLayer:
             a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]), qkv_bias)
         self.o_proj = linear([w.matrix(a + "o_proj.weight")])
         m = prefix + "mlp."
-        self.gate_up = linear(_fused_or_parts(w, m + "gate_up_proj.weight", [
-            m + "gate_proj.weight", m + "up_proj.weight"]))
-        self.down = linear([w.matrix(m + "down_proj.weight")])
+        self.moe: SparseMoE | None = None
+        if cfg.is_moe_layer(index):
+            self.moe = SparseMoE(cfg, w, m, linear, index, expert_load)
+        else:
+            self.gate_up = linear(_fused_or_parts(w, m + "gate_up_proj.weight", [
+                m + "gate_proj.weight", m + "up_proj.weight"]))
+            self.down = linear([w.matrix(m + "down_proj.weight")])
         self.input_norm = w.tensor(prefix + "input_layernorm.weight")
         # Llama's norm before the MLP is its "post_attention_layernorm"; Gemma's sandwich
         # normalises attention's output with that name and has its own pre-MLP norm
@@ -72,7 +79,12 @@ class DecoderLayer:
     @property
     def plain(self) -> bool:
         """A Llama layer exactly (what the fused C decode layer computes)."""
-        return not (self.sandwich or self.q_norm is not None or self.gelu or self.window)
+        return not (self.sandwich or self.q_norm is not None or self.gelu or self.window
+                    or self.moe is not None)
+
+    def linears(self) -> list[Linear]:
+        mlp = self.moe.linears() if self.moe is not None else [self.gate_up, self.down]
+        return [self.qkv, self.o_proj, *mlp]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata):
@@ -98,8 +110,11 @@ class DecoderLayer:
         if self.sandwich:
             h = kernels.rms_norm(h, self.attn_out_norm, self.eps)
         h, residual = kernels.rms_norm(h, self.post_norm, self.eps, residual)
-        gate_up = self.gate_up(h)
-        h = self.down(_gelu_and_mul(gate_up) if self.gelu else kernels.silu_and_mul(gate_up))
+        if self.moe is not None:
+            h = self.moe(h)
+        else:
+            gate_up = self.gate_up(h)
+            h = self.down(_gelu_and_mul(gate_up) if self.gelu else kernels.silu_and_mul(gate_up))
         if self.sandwich:
             h = kernels.rms_norm(h, self.mlp_out_norm, self.eps)
         return h, residual
@@ -143,7 +158,10 @@ class LlamaModel:
         log_build(linear, w, built - start, time.perf_counter() - built)
 
     def _build(self, cfg: ModelConfig, w: ModelWeights, linear: LinearMaker) -> None:
-        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}.", linear, i)
+        # tokens routed to each expert, per layer (None for a dense model)
+        self.expert_load = ExpertLoad(cfg.num_hidden_layers, cfg.num_experts, self.device) \
+            if cfg.num_experts else None
+        self.layers = [DecoderLayer(cfg, w, f"model.layers.{i}.", linear, i, self.expert_load)
                        for i in range(cfg.num_hidden_layers)]
         self.norm = w.tensor("model.norm.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in w:
@@ -178,5 +196,4 @@ class LlamaModel:
 
     def linears(self) -> list[Linear]:
         """Every Linear, the head last (benchmarks time them; the engine counts their bytes)."""
-        return [lin for layer in self.layers
-                for lin in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)] + [self.lm_head]
+        return [lin for layer in self.layers for lin in layer.linears()] + [self.lm_head]
