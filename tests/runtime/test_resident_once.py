@@ -131,3 +131,53 @@ def test_smollm_is_resident_once():
     assert sum(lin.float_bytes for lin in model.linears()) == 0
     blocks = sum(lin.small.nbytes for lin in model.linears())
     assert blocks < 100 << 20  # the 94 MiB file's matrices (was 513 MiB of float copies more)
+
+
+def _mapped_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                inside = len(head) >= 6 and head[-1] == path
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+def test_copied_blocks_leave_the_file_pages_unmapped(tmp_path):
+    """A Q4_0 matrix's fields are copied out of the file's interleaved blocks; the pages they
+    were read from leave the resident set (they would double a worker's size), and reading
+    the form again later still gives the file's weights."""
+    import gguf
+    import numpy as np
+
+    from runtime.loading.gguf import open_gguf
+    from testkit.tiny_gguf import llama_writer
+    from tests.runtime.test_gguf_loader import byte_level_vocab
+
+    path = str(tmp_path / "q4_0.gguf")
+    tokens, merges = byte_level_vocab()
+    writer = llama_writer(path, (tokens, merges), layers=1, hidden=256, ffn=8192, heads=4,
+                          kv_heads=4)
+    rng = np.random.default_rng(0)
+    Q = gguf.GGMLQuantizationType
+    big = rng.standard_normal((8192, 256), dtype=np.float32)
+    writer.add_tensor("blk.0.ffn_up.weight", gguf.quants.quantize(big, Q.Q4_0),
+                      raw_shape=gguf.quant_shape_to_byte_shape(big.shape, Q.Q4_0),
+                      raw_dtype=Q.Q4_0)
+    writer.add_tensor("token_embd.weight", rng.standard_normal((len(tokens), 256),
+                                                                dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _, weights, _ = open_gguf(path)
+    form = weights.blocks("model.layers.0.mlp.up_proj.weight")
+    assert form is not None and form.nbytes > 1 << 20
+    # the 1.1 MiB matrix's pages are gone from the mapping (a page or two at its ends stay
+    # with the neighbouring tensors)
+    assert _mapped_kib(path) < 64, _mapped_kib(path)
+    want = gguf.quants.dequantize(gguf.quants.quantize(big, Q.Q4_0), Q.Q4_0)
+    assert torch.equal(form.dequantized(), torch.from_numpy(want))
