@@ -20,3 +20,15 @@ def process_tree(pid: int) -> list[int]:
         except (OSError, ValueError):
             pass
     return found
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and its descendants (VmRSS summed), MiB."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration, ValueError):
+            pass
+    return total / 1024

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench.common import REPO_ROOT, fmt, log, markdown_table, median, write_json
 from bench.gateway_servers import free_port
-from bench.processes import process_tree
+from bench.processes import tree_rss_mib
 
 POLL_S = 0.02  # between two GET /ready: the resolution of the timings
 # a worker's progress lines, its ready line and a kernel build (which would spoil a warm run)
@@ -80,7 +80,7 @@ def start_once(tree: Tree, cache_dir: str, timeout: float) -> Run:
                                 stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
         try:
             seconds = _until_ready(proc, port, start, timeout)
-            rss = _tree_rss_mib(proc.pid)
+            rss = tree_rss_mib(proc.pid)
         finally:
             _stop(proc)
         stderr.seek(0)
@@ -115,18 +115,6 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
-
-
-def _tree_rss_mib(pid: int) -> float:
-    """Resident memory of a process and its descendants (Linux /proc), MiB."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration, ValueError):
-            pass
-    return total / 1024
 
 
 def _folder_mib(folder: str) -> float:

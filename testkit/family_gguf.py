@@ -50,7 +50,7 @@ def write_family_gguf(path: Path, family: str, model, tokenizer_json: Path,
             heads = cfg.num_attention_heads if "attn_q" in gguf_name \
                 else cfg.num_key_value_heads
             w = _interleave(w, heads)
-        _add_tensor(writer, gguf_name, w, matrix_type)
+        add_tensor(writer, gguf_name, w, matrix_type)
     if family == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     writer.write_header_to_file()
@@ -156,8 +156,9 @@ def _interleave(w: np.ndarray, heads: int) -> np.ndarray:
         .swapaxes(1, 2).reshape(w.shape)
 
 
-def _add_tensor(writer: gguf.GGUFWriter, name: str, w: np.ndarray,
-                kind: gguf.GGMLQuantizationType) -> None:
+def add_tensor(writer: gguf.GGUFWriter, name: str, w: np.ndarray,
+               kind: gguf.GGMLQuantizationType) -> None:
+    """`w` as `kind` where it is a matrix (quantized by gguf's own quantizers), else F32."""
     Q = gguf.GGMLQuantizationType
     if w.ndim != 2 or kind == Q.F32:
         writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
