@@ -33,10 +33,16 @@ CREATE TABLE IF NOT EXISTS requests (
     cost_cache_hit REAL NOT NULL, cost_cache_miss REAL NOT NULL, cost_output REAL NOT NULL,
     cost_total REAL NOT NULL, price_multiplier REAL NOT NULL,
     queue_seconds REAL, ttft_seconds REAL, e2e_seconds REAL,
-    finish_reason TEXT, status TEXT NOT NULL
+    finish_reason TEXT, status TEXT NOT NULL, kind TEXT
 );
 CREATE INDEX IF NOT EXISTS requests_tenant_finished ON requests (tenant, finished);
 """
+# columns added since the first schema, for ledgers written before them: (name, SQL type).
+# Each is appended, so a table's column order stays LedgerRow's field order (rows are
+# inserted by position)
+ADDED_COLUMNS = (("kind", "TEXT"),)
+# the APIs a request may come through, as the ledger's `kind` names them
+KINDS = ("chat", "completions", "responses", "messages")
 
 PERIOD_FORMATS = {"hour": "%Y-%m-%dT%H:00", "day": "%Y-%m-%d", "month": "%Y-%m", "all": "all"}
 
@@ -63,6 +69,7 @@ class LedgerRow:
     e2e_seconds: float | None
     finish_reason: str | None
     status: str  # "ok", "cancelled", "error", "rejected"
+    kind: str | None = None  # the API it came through (KINDS); None: not known (older rows)
 
 
 class Ledger:
@@ -71,6 +78,10 @@ class Ledger:
         create_private(path)
         with self._connect() as db:
             db.executescript(SCHEMA)
+            present = {r[1] for r in db.execute("PRAGMA table_info(requests)")}
+            for name, kind in ADDED_COLUMNS:
+                if name not in present:
+                    db.execute(f"ALTER TABLE requests ADD COLUMN {name} {kind}")
         self._rows: queue.Queue = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="ledger-writer",
                                         daemon=True)

@@ -34,8 +34,9 @@ CREATE TABLE IF NOT EXISTS requests (
     cost_output DOUBLE PRECISION NOT NULL, cost_total DOUBLE PRECISION NOT NULL,
     price_multiplier DOUBLE PRECISION NOT NULL,
     queue_seconds DOUBLE PRECISION, ttft_seconds DOUBLE PRECISION,
-    e2e_seconds DOUBLE PRECISION, finish_reason TEXT, status TEXT NOT NULL
+    e2e_seconds DOUBLE PRECISION, finish_reason TEXT, status TEXT NOT NULL, kind TEXT
 );
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS kind TEXT;
 CREATE INDEX IF NOT EXISTS requests_tenant_created ON requests (tenant, created);
 CREATE TABLE IF NOT EXISTS budget_periods (
     tenant TEXT NOT NULL, period TEXT NOT NULL,

@@ -43,6 +43,10 @@ class SamplingParams:
     `structured` (None: free text) constrains the output to a grammar, a JSON-able spec checked
     by contract/structured_spec.py; `jump_forward` lets the engine append the tokens such a
     grammar forces without sampling them (False: every token sampled).
+    `reasoning_budget` (None: unbounded) caps a reasoning model's think block: once it has
+    written that many tokens inside `<think>` ... `</think>` without closing it, the engine
+    appends the end marker's tokens itself and generation goes on (runtime/structured/
+    reasoning.py); a model that does not think is unaffected.
     """
 
     max_tokens: int = 16
@@ -63,6 +67,7 @@ class SamplingParams:
     speculative: bool = True  # False opts this request out of speculative decoding
     structured: dict | None = None  # a grammar spec (contract/structured_spec.py)
     jump_forward: bool = True  # append a grammar's forced tokens without sampling them
+    reasoning_budget: int | None = None  # think tokens before the end marker is forced
     if TYPE_CHECKING:  # for the checker only: each instance sets its own in __post_init__;
         _stop_token_set: ClassVar[frozenset[int]]  # ClassVar so it is not a dataclass field
         _structured_key: ClassVar[str | None]
@@ -147,6 +152,11 @@ def _check_fields(f: Mapping[str, Any]) -> None:
     _check_stops(f)
     if not isinstance(f["jump_forward"], bool):
         raise _bad("jump_forward", f"must be true or false, got {f['jump_forward']!r:.40}")
+    budget = f["reasoning_budget"]
+    if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
+                               or budget < 0):
+        raise _bad("max_reasoning_tokens", f"must be null or an integer >= 0, got "
+                                           f"{budget!r:.40}")
 
 
 def _check_numbers(f: Mapping[str, Any]) -> None:

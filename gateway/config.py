@@ -18,6 +18,8 @@ from contract.frames import is_loopback
 from contract.model_files import FAKE_MODEL_NAME, default_model_path, model_name
 from contract.sampling_defaults import SamplingSpec, parse_spec
 from gateway.flag_help import HELP
+from gateway.openai.reasoning import PARSERS as REASONING_PARSERS
+from gateway.openai.tool_parsers import TOOL_CALL_PARSERS
 
 LOG_FORMATS = ("text", "json")  # the access log's and the summary's line formats
 _ENGINE_FIELDS = frozenset(f.name for f in fields(EngineSettings))
@@ -78,6 +80,8 @@ class GatewayConfig:
     ray_address: str | None = None  # place workers as Ray actors on this cluster ("auto")
     served_model_name: str | None = None  # "NAME [ALIAS ...]": the names clients may ask for
     sampling_defaults: str | None = None  # "model", "none", a profile name or KEY=VALUE,...
+    reasoning_parser: str = "auto"  # think blocks apart: auto (the template's), deepseek-r1, ...
+    tool_call_parser: str = "auto"  # the calls "auto" reads: auto (the template's), hermes, ...
     responses_store_seconds: float = 3600.0  # /v1/responses kept for previous_response_id
     responses_store_max: int = 1000  # stored responses per tenant (oldest dropped first)
     access_log: bool = True  # one line per HTTP request on the logger "gateway.access"
@@ -378,6 +382,12 @@ def load_config(argv: list[str] | None = None,
     refuse_open_keyless(config)
     check_store_urls(config)
     config.sampling_spec()  # refused now, not when the first worker is ready
+    if config.reasoning_parser not in ("auto", *REASONING_PARSERS):
+        raise SystemExit(f"--reasoning-parser takes auto, {', '.join(REASONING_PARSERS)}, "
+                         f"not {config.reasoning_parser[:40]!r}")
+    if config.tool_call_parser not in TOOL_CALL_PARSERS:
+        raise SystemExit(f"--tool-call-parser takes {', '.join(TOOL_CALL_PARSERS)}, not "
+                         f"{config.tool_call_parser[:40]!r}")
     if config.log_format not in LOG_FORMATS:
         raise SystemExit(f"--log-format takes {' or '.join(LOG_FORMATS)}, not "
                          f"{config.log_format[:40]!r}")

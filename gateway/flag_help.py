@@ -86,6 +86,15 @@ HELP = {
                          "of a HF folder, else the GGUF profile), 'none' (OpenAI's: "
                          "temperature 1), a profile name (llama-cpp) or KEY=VALUE,... over "
                          "'model' (temperature, top_p, top_k, min_p, repetition_penalty)",
+    "reasoning_parser": "split a reasoning model's think block from its answer "
+                        "(message.reasoning_content): auto (from the chat template: one that "
+                        "mentions <think> gets deepseek-r1 or qwen3, others none), deepseek-r1, "
+                        "qwen3 or none",
+    "tool_call_parser": "the tool-call syntax read from answers under tool_choice auto: auto "
+                        "(the family whose markers the chat template names, else hermes), "
+                        "hermes (<tool_call> blocks: Hermes, Qwen 2.5/3), llama3_json "
+                        "(Llama 3.1-3.3), mistral, deepseek_v3 (V3, R1, V3.1) or gemma3 "
+                        "(Python calls); every one also reads <tool_call> blocks",
     "responses_store_seconds": "seconds a /v1/responses answer is kept per tenant for "
                                "previous_response_id (0: not stored; such requests get 400)",
     "responses_store_max": "responses kept per tenant (the oldest is dropped first)",

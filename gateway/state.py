@@ -10,6 +10,8 @@ from aiohttp import web
 from billing.keys import KeyStore
 from gateway.config import GatewayConfig
 from gateway.errors import APIError
+from gateway.openai.reasoning import resolve_parser
+from gateway.openai.tool_parsers import resolve as resolve_tool_parser
 from gateway.serving.accounting import Accounting
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.inflight import InFlightTable
@@ -54,6 +56,8 @@ class GatewayState:
     draining: bool = False  # SIGTERM received: admit nothing new, let in-flight finish
     active_requests: int = 0  # generation handlers running (HTTP and WebSocket requests)
     idle: asyncio.Event = field(default_factory=asyncio.Event)  # set while none is active
+    _reasoning_parser: str | None = field(default=None, init=False, repr=False)
+    _tool_call_parser: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.model_name = self.served_names[0]
@@ -68,6 +72,33 @@ class GatewayState:
         self.active_requests -= 1
         if self.active_requests <= 0:
             self.idle.set()
+
+    def reasoning_parser(self) -> str:
+        """The reasoning parser of chat answers (gateway/openai/reasoning.py): the one
+        --reasoning-parser names, or with `auto` the one the model's chat template calls
+        for, read once the first worker told it."""
+        if self._reasoning_parser is None:
+            tokenizer = getattr(self.service, "tokenizer", None)
+            template = getattr(tokenizer, "chat_template", None)
+            parser = resolve_parser(getattr(self.config, "reasoning_parser", "auto"), template)
+            if self.service is None:
+                return parser  # not yet known for good
+            self._reasoning_parser = parser
+        return self._reasoning_parser
+
+    def tool_call_parser(self) -> str:
+        """The tool-call syntax tool_choice auto reads (gateway/openai/tool_parsers/): the one
+        --tool-call-parser names, or with `auto` the family the model's chat template names,
+        read once the first worker told it."""
+        if self._tool_call_parser is None:
+            tokenizer = getattr(self.service, "tokenizer", None)
+            template = getattr(tokenizer, "chat_template", None)
+            parser = resolve_tool_parser(getattr(self.config, "tool_call_parser", "auto"),
+                                         template)
+            if self.service is None:
+                return parser  # not yet known for good
+            self._tool_call_parser = parser
+        return self._tool_call_parser
 
     def require_service(self) -> GenerationService:
         if self.draining:

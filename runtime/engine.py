@@ -32,6 +32,7 @@ from runtime.scheduling.validate import validate_request
 from runtime.spec_decode.config import SpecConfig
 from runtime.spec_decode.drafter import draft_cost, make_drafter
 from runtime.structured.manager import GrammarError, StructuredOutputs
+from runtime.structured.reasoning import grammar_waits, think_budget
 
 GRAMMAR_WAIT_S = 0.02  # the longest a step with nothing to run waits for a compile
 
@@ -125,6 +126,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             request.prompt_logprobs = [None]  # the first prompt token has nothing before it
         self.structured.attach(request)  # its grammar compiles in the background
+        request.think = think_budget(params, request.prompt_token_ids, self.tokenizer)
         self.requests[request_id] = request
         self.scheduler.add_request(request)
 
@@ -247,20 +249,38 @@ class LLMEngine:
     def _append(self, request: Request, new: list[int]
                 ) -> tuple[list[int], str, RequestStatus | None]:
         """Append a step's tokens, then any the grammar forces (jump-forward: their KV is
-        computed next step, like a prompt chunk), checking stops after each one."""
+        computed next step, like a prompt chunk) or a spent reasoning budget forces (its end
+        marker, runtime/structured/reasoning.py), checking stops after each one."""
         tokens, text, finish = [], "", None
+        think = request.think
+        if think is not None and think.exhausted and len(new) == 1 and \
+                not (request.params.logprobs or request.params.top_logprobs):
+            # a budget of 0 in a block the prompt opened: the end marker instead of the first
+            # token (whose KV no step computed yet; its logprobs would be the sampled one's)
+            new = think.forced_tokens(self._room(request)) or new
         while new and finish is None:
             for token in new:
                 request.output_token_ids.append(token)
                 tokens.append(token)
                 text += request.detokenizer.push([token])
-                if request.grammar is not None:
+                waits = grammar_waits(request)  # a thought's tokens (and its end) are not
+                if think is not None:  # the grammar's: it holds from the answer on
+                    think.accept(token)
+                if request.grammar is not None and not waits:
                     request.grammar.accept(token)
                 finish = finish_status(request, token, self.eos_token_ids, self.max_model_len)
                 if finish is not None:
                     break  # later accepted proposals or forced tokens go with the request
-            new = [] if finish else self.structured.jump_forward(request, self.max_model_len)
+            new = [] if finish or grammar_waits(request) else \
+                self.structured.jump_forward(request, self.max_model_len)
+            if not new and finish is None and think is not None:
+                new = think.forced_tokens(self._room(request))
         return tokens, text, finish
+
+    def _room(self, request: Request) -> int:
+        """Output tokens the request may still append (max_tokens, the context)."""
+        return min(request.params.max_tokens - request.num_output_tokens,
+                   self.max_model_len - request.num_tokens)
 
     def _count_finished(self, request: Request) -> None:
         self.counters.num_preemptions += request.num_preemptions
@@ -319,6 +339,9 @@ class LLMEngine:
             request.output_token_ids.append(token)
             request.detokenizer.push([token])  # its text was streamed by the prefill worker
         self.structured.attach(request)  # its matcher replays those tokens once compiled
+        request.think = think_budget(params, request.prompt_token_ids, self.tokenizer)
+        for token in output_token_ids if request.think is not None else ():
+            request.think.accept(token)
         num_blocks = self.kv.num_blocks_for(request.num_prompt_tokens)
         if num_blocks > self.kv.num_free_blocks:
             raise MemoryError("the prompt's KV does not fit in this worker's cache")

@@ -23,6 +23,13 @@ end-of-sequence token (finish "stop", as the model engine ends a complete gramma
 specs (json, regex, grammar) are accepted and ignored: the word cycle matches none of them.
 `jump_forward` changes nothing here.
 
+Reasoning: a prompt that ends inside an open think block (a reasoning model's template,
+given with --chat-template) is answered with a short scripted thought, its end marker written
+in several tokens (SmolLM2's vocabulary has no `</think>` token), then the word cycle; with a
+`reasoning_budget` the thought is cut after that many tokens and the marker follows at once,
+as the model engine forces it (runtime/structured/reasoning.py); a choice spec's tokens come
+after the thought, as the model engine's grammar waits for it.
+
 Its fake distribution always makes the token it names the most likely at logprob -0.1, the
 n-th alternative at -0.1 * n: so for sampled tokens and for prompt tokens alike (rank 1).
 """
@@ -51,6 +58,8 @@ from runtime.kv.events import KvEventLog, event_limit
 from runtime.scheduling.validate import validate_request
 
 WORDS = " The quick brown fox jumps over the lazy dog and keeps running through the field."
+THOUGHT = "Let me think about the fox."  # what it thinks in an open think block
+THOUGHT_END = "\n</think>\n\n"
 
 
 @dataclass
@@ -67,6 +76,7 @@ class _FakeRequest:
     output: list[int] = field(default_factory=list)
     first_token: float | None = None
     script: list[int] | None = None  # the tokens a choice spec makes it emit, then stop
+    thought: list[int] = field(default_factory=list)  # emitted before the word cycle
 
 
 class BlockLru:
@@ -167,7 +177,17 @@ class FakeEngine:
             request_id, prompt, params, priority,
             arrival_time if arrival_time is not None else time.monotonic(), cached,
             IncrementalDetokenizer(self.tokenizer, stop=params.stop), cache_salt, hashes,
-            script=self._script(params))
+            script=self._script(params), thought=self._thought(prompt, params))
+
+    def _thought(self, prompt: list[int], params: SamplingParams) -> list[int]:
+        """The scripted think block of a prompt that opened one (module docstring)."""
+        if not self.tokenizer.decode(prompt[-8:], skip_special_tokens=False
+                                     ).rstrip().endswith("<think>"):
+            return []
+        thought = self.tokenizer.encode(THOUGHT)
+        if params.reasoning_budget is not None:
+            thought = thought[:params.reasoning_budget]
+        return thought + self.tokenizer.encode(THOUGHT_END)
 
     def _script(self, params: SamplingParams) -> list[int] | None:
         spec = params.structured
@@ -220,7 +240,7 @@ class FakeEngine:
             r.first_token = r.first_token or time.monotonic()
             text = r.detok.push([token])
             stopped = r.detok.stopped or token in r.params.stop_token_set or (
-                r.script is not None and len(r.output) == len(r.script))
+                r.script is not None and len(r.output) == len(r.thought) + len(r.script))
             reason = "stop" if stopped else (
                 "length" if len(r.output) >= r.params.max_tokens else None)
             if reason == "length":
@@ -238,9 +258,11 @@ class FakeEngine:
         return outputs, stats
 
     def _next_token(self, r: _FakeRequest) -> int:
+        if len(r.output) < len(r.thought):
+            return r.thought[len(r.output)]
         if r.script is not None:
-            return r.script[len(r.output)]
-        return self.words[len(r.output) % len(self.words)]
+            return r.script[len(r.output) - len(r.thought)]
+        return self.words[(len(r.output) - len(r.thought)) % len(self.words)]
 
     def _output(self, r: _FakeRequest, tokens, text, reason) -> RequestOutput:
         logprobs = None

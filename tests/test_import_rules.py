@@ -38,6 +38,7 @@ FORBIDDEN = {
     "gateway.workers": ("gateway.http", "gateway.serving"),
     "gateway.telemetry.spans": ("gateway.http", "gateway.serving"),
     "gateway.openai": ("gateway.http", "gateway.serving", "gateway.workers"),
+    "gateway.anthropic": ("gateway.http", "gateway.serving", "gateway.workers"),
     "gateway.config": ("gateway.http", "gateway.serving", "gateway.workers"),
     "gateway.errors": ("gateway.http", "gateway.serving", "gateway.workers"),
 }

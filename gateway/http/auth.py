@@ -1,4 +1,5 @@
-"""Who is calling: the API key in `Authorization: Bearer KEY` (or `x-api-key`) names a tenant.
+"""Who is calling: the API key in `Authorization: Bearer KEY` (or `x-api-key: KEY`, as
+Anthropic's clients send it; the same key store) names a tenant.
 
 Without a key file the gateway is a single-tenant development server: every caller is the
 administrator of the tenant "default" (and the gateway listens on loopback only). With
@@ -41,7 +42,8 @@ def authenticate(request: web.Request, store: KeyStore | None) -> ApiKey:
         return DEFAULT_KEY
     secret = presented_key(request)
     if secret is None:
-        raise unauthorized("no API key: send it as 'Authorization: Bearer KEY'")
+        raise unauthorized("no API key: send it as 'Authorization: Bearer KEY' or "
+                           "'x-api-key: KEY'")
     key = store.lookup(secret)
     if key is None:
         raise unauthorized("invalid or revoked API key")

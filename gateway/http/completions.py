@@ -4,14 +4,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from contextlib import aclosing
-from typing import cast
+from typing import Protocol, cast
 
 from aiohttp import web
 
 from gateway.errors import APIError
 from gateway.http.error_middleware import json_response
 from gateway.http.sse import SSEStream
+from gateway.openai.reasoning import (
+    ReasoningSplit,
+    prompt_opens_think,
+    reasoning_split_for,
+    split_piece,
+)
 from gateway.openai.responses import ChoiceResult, chat_response, completion_response, usage_dict
 from gateway.openai.schema.answers import Cost, FinishReason, Usage
 from gateway.openai.stream_chunker import StreamChunker
@@ -23,12 +30,52 @@ from gateway.state import GatewayState
 log = logging.getLogger(__name__)
 
 
+# a request's reasoning tokens as its answer counted them (the stream's chunker, or the
+# whole answer's count), read by `usage_of` wherever the usage is built (SSE, WebSocket, JSON)
+class CountsReasoning(Protocol):
+    reasoning_tokens: int
+
+
+class ReasoningCount:
+    reasoning_tokens = 0
+
+
+_REASONING_COUNTS: weakref.WeakKeyDictionary[InFlightRequest, CountsReasoning] = \
+    weakref.WeakKeyDictionary()
+
+
+def reasoning_count(gen: InFlightRequest) -> ReasoningCount:
+    """A fresh count of the request's reasoning tokens, the one its usage will report."""
+    counted = _REASONING_COUNTS[gen] = ReasoningCount()
+    return counted
+
+
+def reasoning_parser_of(state: GatewayState, req) -> str | None:
+    """The reasoning parser of a request's answer (chat only)."""
+    return state.reasoning_parser() if req.kind == "chat" else None
+
+
+def reasoning_split_of(state: GatewayState, gen: InFlightRequest) -> ReasoningSplit | None:
+    """One choice's splitter. A constrained request (structured output, a required or named
+    tool) thinks only where its prompt opened the block: the worker's grammar waits for the
+    block to close, and holds from the first token where there is none, so the output cannot
+    open one (runtime/structured/reasoning.py)."""
+    parser = reasoning_parser_of(state, gen.request)
+    opens = prompt_opens_think(gen.prompt_text)
+    if gen.request.structured is not None and parser not in (None, "none"):
+        return ReasoningSplit(starts_in_reasoning=True) if opens else None
+    return reasoning_split_for(parser, opens)
+
+
 def chunker_for(state: GatewayState, gen: InFlightRequest, include_usage: bool) -> StreamChunker:
     """The one chunk builder of a streamed request, for SSE and WebSocket alike."""
     req = gen.request
-    return StreamChunker(req.kind, gen.request_id, state.model_name, gen.created,
-                         include_usage, echo=gen.prompt_text if req.echo else None,
-                         tools=req.tools)
+    chunker = StreamChunker(req.kind, gen.request_id, state.model_name, gen.created,
+                            include_usage, echo=gen.prompt_text if req.echo else None,
+                            tools=req.tools, tool_parser=state.tool_call_parser(),
+                            splitter=lambda: reasoning_split_of(state, gen))
+    _REASONING_COUNTS[gen] = chunker
+    return chunker
 
 
 class InterTokenClock:
@@ -54,12 +101,18 @@ def response_headers(gen: InFlightRequest) -> dict:
 
 def usage_of(gen: InFlightRequest) -> Usage:
     """The request's usage, with its cost when it was priced (billing's dict is the Cost shape;
-    billing imports nothing of the gateway, so it is named here)."""
+    billing imports nothing of the gateway, so it is named here), and for chat its reasoning
+    tokens as its answer counted them (gateway/openai/stream_chunker.py)."""
+    counted = _REASONING_COUNTS.get(gen)
+    reasoning = None
+    if gen.request.kind == "chat":
+        reasoning = counted.reasoning_tokens if counted is not None else 0
     if gen.charge is None:
-        return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens)
+        return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
+                          reasoning_tokens=reasoning)
     cost = cast(Cost, gen.charge.cost.as_dict())
     return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
-                      {"cost": cost})
+                      {"cost": cost}, reasoning)
 
 
 class StreamGuard:
@@ -197,9 +250,20 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
     texts: dict[int, list[str]] = {i: [] for i in range(req.n)}
     logprobs: dict[int, list] = {i: [] for i in range(req.n)}
     prompt_logprobs: dict[int, list] = {}
+    splits = {i: reasoning_split_of(state, gen) for i in range(req.n)}
+    reasoning: dict[int, list[str]] = {i: [] for i in range(req.n)}
+    counted = reasoning_count(gen)
     async with aclosing(state.service.stream(gen)) as deltas:  # aborted at once if cancelled
         async for delta in deltas:
-            texts[delta.index].append(delta.text)
+            split = splits[delta.index]
+            if split is None:
+                texts[delta.index].append(delta.text)
+            else:  # the stream's splitter and count, delta by delta: the same answer
+                thought, said, inside = split_piece(split, delta.text,
+                                                    delta.finish_reason is not None)
+                counted.reasoning_tokens += len(delta.token_ids) if inside else 0
+                reasoning[delta.index].append(thought)
+                texts[delta.index].append(said)
             if delta.logprobs:
                 logprobs[delta.index].extend(delta.logprobs)
             if delta.prompt_logprobs is not None:
@@ -212,13 +276,16 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
         offset, calls, reason = 0, None, gen.finish_reasons.get(i)
         if req.echo:
             text, offset = gen.prompt_text + text, len(gen.prompt_text)
-        reader = reader_for(req.tools) if req.kind == "chat" else None
+        reader = reader_for(req.tools, parser=state.tool_call_parser()) \
+            if req.kind == "chat" else None
         if reader is not None:  # the stream's reader, fed the whole text: the same answer
             text, calls = collect(reader, text)
             reason = finish_reason(reason, reader)
+        thought = "".join(reasoning[i]) or None
         choices.append(ChoiceResult(i, text, cast(FinishReason, reason),
                                     logprobs[i] if wants_logprobs else None, offset,
-                                    prompt_logprobs.get(i), calls))
+                                    prompt_logprobs.get(i), calls, thought,
+                                    splits[i] is not None))
     build = chat_response if req.kind == "chat" else completion_response
     body = build(gen.request_id, state.model_name, gen.created, choices, usage_of(gen))
     return json_response(body, headers=response_headers(gen))

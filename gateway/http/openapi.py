@@ -15,8 +15,10 @@ from functools import cache
 from typing import Any, Literal
 
 from pydantic import TypeAdapter
+from pydantic.json_schema import models_json_schema
 
-from gateway.http.openapi_extensions import REF, admin_paths, extension_paths
+from gateway.anthropic import schema as anthropic
+from gateway.http.openapi_extensions import REF, admin_paths, extension_paths, messages_paths
 from gateway.http.websocket import MAX_REQUESTS_PER_SOCKET
 from gateway.openai.schema import admin, websocket
 from gateway.openai.schema.json_schema import (
@@ -57,6 +59,17 @@ def _errors(*statuses: int) -> dict:
            502: "The worker could not be reached or started.",
            503: "Overloaded or not ready; see Retry-After."}
     error = {"application/json": {"schema": {"$ref": REF + "Error"}}}
+    return {str(s): {"description": why[s], "content": error} for s in statuses}
+
+
+def _anthropic_errors(*statuses: int) -> dict:
+    """Error responses of Anthropic's routes: its body, and 529 where the gateway's is 503."""
+    why = {400: "Invalid request.", 401: "Missing or unknown API key (x-api-key or Bearer).",
+           402: "The tenant's budget is spent (billing_error).", 404: "Not found.",
+           413: "The body is over the limit.", 429: "Rate limited or queue full; see "
+                                                   "Retry-After.",
+           529: "Overloaded, not ready or draining (overloaded_error); see Retry-After."}
+    error = {"application/json": {"schema": {"$ref": REF + "AnthropicError"}}}
     return {str(s): {"description": why[s], "content": error} for s in statuses}
 
 
@@ -104,15 +117,34 @@ def _typed(types: dict[str, Any],
     return out
 
 
+def _models(models: tuple) -> dict[str, dict]:
+    """Component schemas of request models, by name, with their `$defs`."""
+    _, schemas = models_json_schema([(m, "validation") for m in models],
+                                    ref_template=REF_TEMPLATE, schema_generator=OpenAPISchema)
+    return schemas.get("$defs", {})
+
+
 @cache
 def _components() -> dict[str, dict]:
     schemas = components()
     extra = {**_typed(admin.COMPONENTS, "serialization"),
              **_typed(websocket.CLIENT_MESSAGES, "validation"),
-             **_typed(websocket.SERVER_MESSAGES, "serialization")}
+             **_typed(websocket.SERVER_MESSAGES, "serialization"),
+             **_models(anthropic.REQUESTS), **_typed(anthropic.COMPONENTS, "serialization")}
     for name, schema in extra.items():
         # a shared $def (Usage, ChatCompletionRequest, ...) keeps the main document's version
         schemas.setdefault(name, schema)
+    return schemas
+
+
+def _anthropic_model_names(schemas: dict[str, dict]) -> dict[str, dict]:
+    """The Messages bodies' `model` as the served names, as the OpenAI bodies' (whose
+    enum `with_model_names` wrote)."""
+    model = schemas["ChatCompletionRequest"]["properties"]["model"]
+    for request in anthropic.REQUESTS:
+        schema = schemas[request.__name__]
+        schemas[request.__name__] = {**schema, "properties": {**schema["properties"],
+                                                              "model": model}}
     return schemas
 
 
@@ -151,8 +183,12 @@ def build_openapi(model_names: str | tuple[str, ...]) -> dict:
                 "responses": {"200": {"description": "OpenAPI 3.1", "content": {
                     "application/json": {"schema": {"type": "object"}}}}}}},
             **extension_paths(_errors),
+            **messages_paths(_anthropic_errors),
             **admin_paths(_errors),
         },
-        "components": {"schemas": with_model_names(_components(), names),
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "components": {"schemas": _anthropic_model_names(with_model_names(_components(),
+                                                                          names)),
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"},
+                                           "x-api-key": {"type": "apiKey", "in": "header",
+                                                         "name": "x-api-key"}}},
     }

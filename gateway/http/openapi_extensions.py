@@ -1,5 +1,6 @@
 """The OpenAPI paths beyond OpenAI's chat and completions: vLLM's `/tokenize` and
-`/detokenize`, the Responses API (`/v1/responses`), and the operators' `/admin/*` routes; their
+`/detokenize`, the Responses API (`/v1/responses`), Anthropic's Messages API (`/v1/messages`),
+and the operators' `/admin/*` routes; their
 schemas are generated from gateway/openai/schema/ like every other (the admin answers from
 schema/admin.py)."""
 from __future__ import annotations
@@ -42,6 +43,29 @@ def extension_paths(errors) -> dict:
                     "responses": _ok("Response", errors(401, 404))},
             "delete": {**secured, "summary": "Delete a stored response",
                        "responses": {"200": {"description": "Deleted"}, **errors(401, 404)}}},
+    }
+
+
+def messages_paths(errors) -> dict:
+    """Anthropic's Messages API; `errors(*statuses)` builds its error responses (Anthropic's
+    body and statuses)."""
+    secured: dict = {"security": [{"x-api-key": []}, {"bearer": []}]}
+    return {
+        "/v1/messages": {"post": {
+            **secured, "summary": "Create a message (Anthropic's Messages API)",
+            "description": "Metered, billed and written to the ledger like chat; usage: "
+                           "`input_tokens` are cache misses, `cache_read_input_tokens` prefix "
+                           "cache hits. The `anthropic-version` header is accepted, not "
+                           "required.",
+            "requestBody": _json_body("MessagesRequest"),
+            "responses": _ok("Message", errors(400, 401, 402, 404, 413, 429, 529),
+                             "`event: <type>` and `data: <event>`: message_start, ping, "
+                             "content_block_start/delta/stop, message_delta, message_stop; "
+                             "`error` on a failure after the stream opened.")}},
+        "/v1/messages/count_tokens": {"post": {
+            **secured, "summary": "Count a message's input tokens (Anthropic's)",
+            "requestBody": _json_body("CountTokensRequest"),
+            "responses": _ok("TokenCount", errors(400, 401, 404, 413, 429, 529))}},
     }
 
 

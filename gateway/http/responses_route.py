@@ -19,10 +19,19 @@ from aiohttp import web
 from billing.keys import ApiKey
 from gateway.errors import APIError, bad_request
 from gateway.http.auth import authenticate
-from gateway.http.completions import InterTokenClock, StreamGuard, response_headers, usage_of
+from gateway.http.completions import (
+    InterTokenClock,
+    StreamGuard,
+    reasoning_count,
+    reasoning_split_of,
+    response_headers,
+    usage_of,
+)
 from gateway.http.error_middleware import json_response
 from gateway.http.request_body import generation, trace_context, validate
 from gateway.http.sse import SSEStream, encode_named_event
+from gateway.openai.reasoning import ReasoningSplit
+from gateway.openai.reasoning import split_piece as split_reasoning
 from gateway.openai.requests import GenerationRequest, parse_chat_request
 from gateway.openai.responses_api import (
     ResponseEvents,
@@ -57,11 +66,13 @@ class Turn:
     history: tuple[dict, ...]  # the stored conversation of previous_response_id
     shell: ResponseShell
 
-    def finish(self, gen: InFlightRequest, text: str) -> dict:
+    def finish(self, gen: InFlightRequest, text: str, reasoning: str | None = None) -> dict:
         """The final Response object; stored (when asked) before the client sees it, so the
-        client may chain the next request on it at once."""
+        client may chain the next request on it at once. The stored conversation keeps the
+        answer, not its thought (reasoning templates drop earlier thoughts anyway)."""
         usage = responses_usage(usage_of(gen))
-        response = self.shell.build(status_of(gen.finish_reasons.get(0)), text, usage)
+        response = self.shell.build(status_of(gen.finish_reasons.get(0)), text, usage,
+                                    reasoning=reasoning)
         if response["store"]:
             answer = {"role": "assistant", "content": text}
             self.state.response_store.put(self.tenant, response,
@@ -76,6 +87,10 @@ async def admit_turn(request: web.Request, state: GatewayState, key: ApiKey, bod
     history = state.response_store.history(key.tenant.name, req.previous_response_id)
     response_id = new_response_id()
     trace = trace_context(request)
+    if req.reasoning_effort not in (None, "none") and state.reasoning_parser() == "none":
+        raise bad_request(f"reasoning.effort {req.reasoning_effort!r:.60} cannot be honoured: "
+                          "this model does not reason", "reasoning.effort",
+                          code="unsupported_parameter")
     try:
         chat = await validate(request, req.chat_body(history),
                               functools.partial(chat_request, state))
@@ -95,11 +110,45 @@ async def create_response(request: web.Request):
         return await respond_json(turn, gen)
 
 
+class Thoughts:
+    """A response's output split into its thought and its answer, as it comes (one choice),
+    counting the reasoning tokens its usage reports."""
+
+    def __init__(self, state: GatewayState, gen: InFlightRequest):
+        self.split: ReasoningSplit | None = reasoning_split_of(state, gen)
+        self.count = reasoning_count(gen)
+        self.texts: list[str] = []
+        self.thoughts: list[str] = []
+
+    def feed(self, delta) -> tuple[str, str]:
+        """(new reasoning, new content) of one delta."""
+        if self.split is None:
+            self.texts.append(delta.text)
+            return "", delta.text
+        thought, said, inside = split_reasoning(self.split, delta.text,
+                                                delta.finish_reason is not None)
+        self.count.reasoning_tokens += len(delta.token_ids) if inside else 0
+        self.thoughts.append(thought)
+        self.texts.append(said)
+        return thought, said
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    @property
+    def reasoning(self) -> str | None:
+        return "".join(self.thoughts) or None
+
+
 async def respond_json(turn: Turn, gen: InFlightRequest) -> web.Response:
+    thoughts = Thoughts(turn.state, gen)
     async with aclosing(turn.state.service.stream(gen)) as deltas:  # aborted at once if cancelled
-        texts = [delta.text async for delta in deltas]
+        async for delta in deltas:
+            thoughts.feed(delta)
     await wait_committed(gen)  # the bill is durable before the client sees the answer
-    return json_response(turn.finish(gen, "".join(texts)), headers=response_headers(gen))
+    return json_response(turn.finish(gen, thoughts.text, thoughts.reasoning),
+                         headers=response_headers(gen))
 
 
 def encode(events: list[dict]) -> bytes:
@@ -113,10 +162,10 @@ class ResponseStream:
     def __init__(self, request: web.Request, turn: Turn, gen: InFlightRequest):
         self.request, self.turn, self.gen = request, turn, gen
         self.state = turn.state
-        self.events = ResponseEvents(turn.shell)
+        self.thoughts = Thoughts(turn.state, gen)
+        self.events = ResponseEvents(turn.shell, lazy=self.thoughts.split is not None)
         self.sse: SSEStream | None = None
         self.opening = asyncio.Lock()
-        self.texts: list[str] = []
 
     async def open(self) -> SSEStream:
         async with self.opening:  # the keep-alive task may race the first delta
@@ -146,7 +195,8 @@ class ResponseStream:
         except APIError as exc:
             if self.sse is None:
                 raise
-            await self.send(self.events.failed, exc, "".join(self.texts))
+            await self.send(self.events.failed, exc, self.thoughts.text,
+                            self.thoughts.reasoning)
             return self.sse.response
         finally:
             await guard.stop()
@@ -159,16 +209,19 @@ class ResponseStream:
         async with aclosing(self.state.service.stream(self.gen)) as deltas:
             async for delta in deltas:
                 guard.touch()
-                self.texts.append(delta.text)
-                if delta.text and not await self.send(self.events.delta, delta.text):
+                thought, said = self.thoughts.feed(delta)
+                if thought and not await self.send(self.events.reasoning, thought):
                     return  # the client is gone: leaving the loop aborts the job
+                if said and not await self.send(self.events.delta, said):
+                    return
                 itl.tick(len(delta.token_ids))
-        text = "".join(self.texts)
+        text = self.thoughts.text
         status = status_of(self.gen.finish_reasons.get(0))
         if not await self.send(self.events.closing, text, status):
             return
         await wait_committed(self.gen)  # the bill is durable before the client sees it final
-        await self.send(self.events.final, self.turn.finish(self.gen, text))
+        await self.send(self.events.final, self.turn.finish(self.gen, text,
+                                                            self.thoughts.reasoning))
 
 
 async def get_response(request: web.Request):

@@ -14,6 +14,7 @@ from gateway.http.auth import authenticate, is_admin_caller, require_admin, requ
 from gateway.http.completions import respond_json, stream_sse
 from gateway.http.error_middleware import json_response
 from gateway.http.feed_route import telemetry_handler
+from gateway.http.messages_route import add_messages_routes
 from gateway.http.openapi import build_openapi
 from gateway.http.request_body import generation, trace_context, validate
 from gateway.http.responses_route import add_responses_routes
@@ -131,4 +132,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/admin/telemetry", telemetry_handler)
     add_tokenize_routes(app)
     add_responses_routes(app)
+    add_messages_routes(app)  # Anthropic's Messages API
     add_admin_worker_routes(app)  # and the pool's, autoscale's and the fleet's tasks

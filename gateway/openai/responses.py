@@ -66,6 +66,10 @@ class ChoiceResult:
     text_offset: int = 0
     prompt_logprobs: list | None = None  # vLLM's shape (prompt_logprobs_entries), when asked
     tool_calls: list[ToolCall] | None = None
+    # chat under a reasoning parser: the think block's text (None: it wrote none); without
+    # a parser, `has_reasoning` False and the message has no reasoning keys at all
+    reasoning: str | None = None
+    has_reasoning: bool = False
 
 
 def prompt_logprobs_entries(entries: Sequence, token_text) -> list:
@@ -97,11 +101,19 @@ def new_id(kind: str) -> str:
 
 
 def usage_dict(prompt_tokens: int, cached_tokens: int, completion_tokens: int,
-               extra: UsageExtra | None = None) -> Usage:
-    """OpenAI's usage object; `extra` keys (the cost) are merged in at the top level."""
+               extra: UsageExtra | None = None, reasoning_tokens: int | None = None) -> Usage:
+    """OpenAI's usage object, with DeepSeek's prompt_cache_hit_tokens and
+    prompt_cache_miss_tokens beside it (the split the bill charges: cached tokens at the
+    cache-hit price, the rest at the miss price) and, given `reasoning_tokens` (chat),
+    completion_tokens_details; `extra` keys (the cost) are merged in at the top level."""
     usage: Usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                     "total_tokens": prompt_tokens + completion_tokens,
-                    "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+                    "prompt_tokens_details": {"cached_tokens": cached_tokens},
+                    "prompt_cache_hit_tokens": cached_tokens,
+                    "prompt_cache_miss_tokens": prompt_tokens - cached_tokens}
+    if reasoning_tokens is not None:  # never more than the output billed
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": min(reasoning_tokens, completion_tokens)}
     if extra:
         usage.update(extra)
     return usage
@@ -208,6 +220,8 @@ def _chat_choice(c: ChoiceResult) -> ChatChoice:
 
 def _chat_message(c: ChoiceResult) -> ChatMessage:
     message: ChatMessage = {"role": "assistant", "content": c.text}
+    if c.has_reasoning:
+        message["reasoning_content"] = message["reasoning"] = c.reasoning
     if c.tool_calls:
         message["tool_calls"] = c.tool_calls
     return message

@@ -6,6 +6,14 @@ chat body that `parse_chat_request` validates, so sampling checks and defaults a
 chat endpoint's; this module adds only the Responses shape around them. What we cannot honour
 (tools, structured output, reasoning, background runs, images and files, include items) is
 refused first with a 400 naming the param, never silently ignored.
+
+A reasoning model's think block (gateway/openai/reasoning.py) becomes a `reasoning` output item
+before the message, its text one `reasoning_text` content part; streamed, its events are
+`response.reasoning_text.delta` / `.done` inside the item's and part's added/done events (the
+openai package's types), and the message's events follow once the answer starts.
+`reasoning.effort` maps to the chat request's reasoning_effort, and `max_reasoning_tokens`
+passes as it does in chat; a model without a reasoning parser refuses an effort other than
+"none" (the route checks it, knowing the model).
 """
 from __future__ import annotations
 
@@ -26,7 +34,7 @@ from gateway.openai.schema.extensions import ResponsesRequest as ResponsesBody
 # then our chat extensions (so a Responses client can use stop, seed, priority, ...)
 PASSED_TO_CHAT = ("model", "user", "temperature", "top_p", "stop", "seed", "top_k", "min_p",
                   "presence_penalty", "frequency_penalty", "repetition_penalty",
-                  "stop_token_ids", "ignore_eos", "priority")
+                  "stop_token_ids", "ignore_eos", "priority", "max_reasoning_tokens")
 REFUSED = {  # truthy values of these change what must be produced: refused, never ignored
     "tools": "tools are not supported by this server",
     "prompt": "reusable prompts are not supported by this server; send input",
@@ -41,7 +49,6 @@ ONLY = {  # param -> the values we can honour (None: absent), with the reason fo
     "tool_choice": ((None, "auto", "none"), "no tools are available"),
     "text.format": ((None, {"type": "text"}), 'only {"type": "text"} is supported'),
     "text.verbosity": ((None, "medium"), "it is not supported by this server"),
-    "reasoning.effort": ((None, "none"), "this model does not reason"),
     "reasoning.summary": ((None,), "this model does not reason"),
     "reasoning.generate_summary": ((None,), "this model does not reason"),
 }
@@ -64,13 +71,17 @@ class ResponsesRequest:
     parallel_tool_calls: bool
     tool_choice: str
     passed: dict  # fields for the chat parser (PASSED_TO_CHAT)
+    reasoning_effort: Any = None  # reasoning.effort, for the chat parser to check
+
 
     def chat_body(self, history: tuple[dict, ...]) -> dict:
         """The chat body of this turn: instructions first, then the stored conversation of
         previous_response_id, then this turn's input."""
         system = () if self.instructions is None else (
             {"role": "system", "content": self.instructions},)
-        return {**self.passed, "messages": [*system, *history, *self.messages],
+        effort = {} if self.reasoning_effort is None else {
+            "reasoning_effort": self.reasoning_effort}
+        return {**self.passed, **effort, "messages": [*system, *history, *self.messages],
                 "max_tokens": self.max_output_tokens, "stream": self.stream}
 
     def renamed(self, exc: APIError, num_history: int) -> APIError:
@@ -87,6 +98,8 @@ class ResponsesRequest:
     def _param_of(self, param: str, num_history: int) -> str:
         if param == "max_tokens":
             return "max_output_tokens"
+        if param == "reasoning_effort":
+            return "reasoning.effort"
         if param == "messages":
             return "input"
         match = re.fullmatch(r"messages\[(\d+)\](.*)", param)
@@ -114,7 +127,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         store=req.store is not False, stream=bool(req.stream), metadata=req.metadata or {},
         parallel_tool_calls=req.parallel_tool_calls is not False,
         tool_choice=req.tool_choice or "auto",
-        passed={k: body[k] for k in PASSED_TO_CHAT if body.get(k) is not None})
+        passed={k: body[k] for k in PASSED_TO_CHAT if body.get(k) is not None},
+        reasoning_effort=_nested(body, "reasoning.effort"))
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -160,13 +174,19 @@ class ResponseShell:
     id: str
     message_id: str
     fields: dict  # every key of the Response object but the ones `build` fills
+    reasoning_id: str = ""
 
     def build(self, status: str, text: str | None = None, usage: ResponseUsage | None = None,
-              error: dict | None = None) -> dict:
+              error: dict | None = None, reasoning: str | None = None) -> dict:
+        """`reasoning`: a reasoning model's thought, an item before the message."""
+        thought = [reasoning_item(self.reasoning_id, reasoning,
+                                  "completed" if status == "completed" else "incomplete")
+                   ] if reasoning else []
         if status in ("completed", "incomplete"):
-            output = [message_item(self.message_id, text or "", status)]
+            output = [*thought, message_item(self.message_id, text or "", status)]
         else:  # in progress: nothing yet; failed: what was produced before the failure
-            output = [message_item(self.message_id, text, "incomplete")] if text else []
+            output = thought + ([message_item(self.message_id, text, "incomplete")]
+                                if text else [])
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {**self.fields, "status": status, "error": error,
                 "incomplete_details": incomplete, "output": output, "usage": usage,
@@ -181,12 +201,14 @@ def response_shell(response_id: str, req: ResponsesRequest, gen: GenerationReque
               "max_output_tokens": req.max_output_tokens, "max_tool_calls": None,
               "metadata": req.metadata, "parallel_tool_calls": req.parallel_tool_calls,
               "previous_response_id": req.previous_response_id,
-              "reasoning": {"effort": None, "summary": None}, "service_tier": "default",
+              "reasoning": {"effort": req.reasoning_effort, "summary": None},
+              "service_tier": "default",
               "store": stored, "temperature": gen.sampling["temperature"],
               "text": {"format": {"type": "text"}}, "tool_choice": req.tool_choice,
               "tools": [], "top_logprobs": 0, "top_p": gen.sampling["top_p"],
               "truncation": "disabled", "user": gen.user}
-    return ResponseShell(response_id, "msg_" + uuid.uuid4().hex, fields)
+    return ResponseShell(response_id, "msg_" + uuid.uuid4().hex, fields,
+                         "rs_" + uuid.uuid4().hex)
 
 
 def status_of(finish_reason: str | None) -> str:
@@ -203,6 +225,16 @@ def output_text(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict:
+    """A reasoning model's thought as a Responses output item; `text` None: just opened."""
+    return {"id": item_id, "type": "reasoning", "summary": [], "status": status,
+            "content": [] if text is None else [reasoning_text(text)]}
+
+
+def reasoning_text(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
 def responses_usage(chat_usage: Usage) -> ResponseUsage:
     """Chat usage (with our cost split) under the Responses API's names. The prefix cache
     fills itself as a side effect of serving, so no token is a billed cache write."""
@@ -212,7 +244,8 @@ def responses_usage(chat_usage: Usage) -> ResponseUsage:
             "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
             "cache_write_tokens": 0},
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": chat_usage.get(
+            "completion_tokens_details", {"reasoning_tokens": 0})["reasoning_tokens"]},
         "total_tokens": chat_usage["total_tokens"]}
     if "cost" in chat_usage:
         usage["cost"] = chat_usage["cost"]
@@ -228,12 +261,20 @@ def failure(exc: APIError) -> dict:
 
 class ResponseEvents:
     """The stream events of one response in OpenAI's order, numbered from 0 as made (so
-    each must be made just before it is sent). Each method returns the events of one write."""
+    each must be made just before it is sent). Each method returns the events of one write.
 
-    def __init__(self, shell: ResponseShell):
+    Without reasoning (`lazy` False) the message's item and part open with the response, as
+    always. With a reasoning parser each item opens when its first text comes: the thought's
+    reasoning item first (output 0), closed when the answer starts, then the message."""
+
+    def __init__(self, shell: ResponseShell, lazy: bool = False):
         self.shell = shell
         self.sequence_number = 0
+        self.lazy = lazy
         self.at = {"item_id": shell.message_id, "output_index": 0, "content_index": 0}
+        self.thought: list[str] | None = None  # the reasoning item's text while it is open
+        self.num_items = 0  # output items opened so far
+        self.message_open = False
 
     def _event(self, type: str, **fields) -> dict:
         event = {"type": type, **fields, "sequence_number": self.sequence_number}
@@ -242,28 +283,70 @@ class ResponseEvents:
 
     def opening(self) -> list[dict]:
         response = self.shell.build("in_progress")
+        events = [self._event("response.created", response=response),
+                  self._event("response.in_progress", response=response)]
+        return events if self.lazy else events + self._open_message()
+
+    def _open_message(self) -> list[dict]:
+        if self.message_open:
+            return []
+        self.message_open = True
+        self.at = {**self.at, "output_index": self.num_items}
+        self.num_items += 1
         item = message_item(self.shell.message_id, None, "in_progress")
-        return [self._event("response.created", response=response),
-                self._event("response.in_progress", response=response),
-                self._event("response.output_item.added", output_index=0, item=item),
+        return [self._event("response.output_item.added", output_index=self.at["output_index"],
+                            item=item),
                 self._event("response.content_part.added", **self.at, part=output_text(""))]
 
+    def reasoning(self, text: str) -> list[dict]:
+        """New reasoning text (the thought's item opened first)."""
+        events = []
+        if self.thought is None:
+            self.thought = []
+            self.num_items += 1
+            events += [
+                self._event("response.output_item.added", output_index=0,
+                            item=reasoning_item(self.shell.reasoning_id, None, "in_progress")),
+                self._event("response.content_part.added", **self._thought_at(),
+                            part=reasoning_text(""))]
+        self.thought.append(text)
+        return events + [self._event("response.reasoning_text.delta", **self._thought_at(),
+                                     delta=text)]
+
+    def _thought_at(self) -> dict:
+        return {"item_id": self.shell.reasoning_id, "output_index": 0, "content_index": 0}
+
+    def _close_thought(self, status: str = "completed") -> list[dict]:
+        if not self.thought:
+            return []
+        text, self.thought = "".join(self.thought), []
+        item = reasoning_item(self.shell.reasoning_id, text, status)
+        return [self._event("response.reasoning_text.done", **self._thought_at(), text=text),
+                self._event("response.content_part.done", **self._thought_at(),
+                            part=reasoning_text(text)),
+                self._event("response.output_item.done", output_index=0, item=item)]
+
     def delta(self, text: str) -> list[dict]:
-        return [self._event("response.output_text.delta", **self.at, delta=text, logprobs=[])]
+        return [*self._close_thought(), *self._open_message(),
+                self._event("response.output_text.delta", **self.at, delta=text, logprobs=[])]
 
     def closing(self, text: str, status: str) -> list[dict]:
         """The text's, part's and item's done events, once the text is whole."""
+        events = [*self._close_thought(
+            "completed" if status == "completed" else "incomplete"), *self._open_message()]
         item = message_item(self.shell.message_id, text, status)
-        return [self._event("response.output_text.done", **self.at, text=text, logprobs=[]),
-                self._event("response.content_part.done", **self.at, part=output_text(text)),
-                self._event("response.output_item.done", output_index=0, item=item)]
+        return events + [
+            self._event("response.output_text.done", **self.at, text=text, logprobs=[]),
+            self._event("response.content_part.done", **self.at, part=output_text(text)),
+            self._event("response.output_item.done", output_index=self.at["output_index"],
+                        item=item)]
 
     def final(self, response: dict) -> list[dict]:
         return [self._event(f"response.{response['status']}", response=response)]
 
-    def failed(self, exc: APIError, text: str) -> list[dict]:
+    def failed(self, exc: APIError, text: str, reasoning: str | None = None) -> list[dict]:
         """An error after the stream opened: the error, then the failed response."""
-        response = self.shell.build("failed", text, error=failure(exc))
+        response = self.shell.build("failed", text, error=failure(exc), reasoning=reasoning)
         return [self._event("error", code=exc.code or failure(exc)["code"],
                             message=exc.message, param=exc.param),
                 self._event("response.failed", response=response)]

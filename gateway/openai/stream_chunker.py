@@ -5,6 +5,12 @@ deltas, then an empty delta carrying finish_reason.
 chat with tools offered: the first delta's content is null, the output is read for tool calls
 (gateway/openai/tool_stream.py), each `delta.tool_calls` entry goes in a chunk of its own, and
 a choice that called tools and ended by itself finishes with "tool_calls".
+chat from a reasoning model (a reasoning parser, gateway/openai/reasoning.py): the text
+between its think markers goes out as delta {"reasoning_content", "reasoning"} (DeepSeek's and
+vLLM's names), the rest as content; only the content is read for tool calls. Each choice's
+tokens are counted as reasoning when its delta began inside the reasoning or opened it (a delta
+that straddles the end marker counts whole: its tokens up to and including the marker are
+reasoning, and what follows the marker in the same delta rides along): `reasoning_tokens`.
 completion, per choice: text deltas, then an empty text carrying finish_reason.
 With stream_options.include_usage, every chunk carries "usage": null and `usage()` gives one last
 chunk with no choices and the whole request's usage, as OpenAI's server does.
@@ -14,10 +20,11 @@ per-token path makes no object beyond them.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
 from gateway.openai.json_calls import Parsed
+from gateway.openai.reasoning import ReasoningSplit, reasoning_split_for, split_piece
 from gateway.openai.responses import (
     LogprobToken,
     chat_chunk,
@@ -47,7 +54,9 @@ class StreamChunker:
 
     def __init__(self, kind: str, id: str, model: str, created: int,
                  include_usage: bool = False, echo: str | None = None,
-                 tools: ToolSpec | None = None):
+                 tools: ToolSpec | None = None, reasoning: str | None = None,
+                 prompt_opens_think: bool = False, tool_parser: str = "auto",
+                 splitter: Callable[[], ReasoningSplit | None] | None = None):
         self.kind = kind
         self.id = id
         self.model = model
@@ -58,6 +67,13 @@ class StreamChunker:
         self._started: set[int] = set()
         self.tools = tools if kind == "chat" else None
         self._readers: dict[int, object] = {}  # per choice, when its output may hold calls
+        # each choice's reasoning splitter: `splitter()`, else the parser's
+        self.splitter = splitter if kind == "chat" and splitter is not None else (
+            lambda: reasoning_split_for(reasoning if kind == "chat" else None,
+                                        prompt_opens_think))
+        self.tool_parser = tool_parser  # the family syntax tool_choice auto reads
+        self._splits: dict[int, ReasoningSplit | None] = {}  # per choice
+        self.reasoning_tokens = 0  # every choice's, for completion_tokens_details
 
     def chunks(self, delta) -> list[Chunk]:
         """Every chunk one choice delta (gateway.serving.service.ChoiceDelta) becomes, in order: the
@@ -69,6 +85,9 @@ class StreamChunker:
             out += self.start(i)
             if self.echo:
                 out.append(self.delta(i, self.echo))
+        split = self.split(i)
+        if split is not None:
+            return out + self._split_chunks(i, split, delta)
         reader = self.reader(i)
         if reader is not None:
             return out + self._tool_chunks(i, reader, delta)
@@ -81,8 +100,41 @@ class StreamChunker:
     def reader(self, index: int):
         """The tool-call reader of choice `index` (None: its output is plain content)."""
         if index not in self._readers:
-            self._readers[index] = reader_for(self.tools)
+            self._readers[index] = reader_for(self.tools, parser=self.tool_parser)
         return self._readers[index]
+
+    def split(self, index: int) -> ReasoningSplit | None:
+        """The reasoning splitter of choice `index` (None: no reasoning parser)."""
+        if index not in self._splits:
+            self._splits[index] = self.splitter()
+        return self._splits[index]
+
+    def _split_chunks(self, i: int, split: ReasoningSplit, delta) -> list[ChatCompletionChunk]:
+        """A reasoning model's delta: its reasoning, then its content (read for tool calls
+        when tools were offered), the tokens' logprobs on the first chunk, then the end."""
+        reasoning, content, inside = split_piece(split, delta.text,
+                                                 delta.finish_reason is not None)
+        self.reasoning_tokens += len(delta.token_ids) if inside else 0
+        out = [self._chat(i, reasoning_delta(reasoning), None)] if reasoning else []
+        reader = self.reader(i)
+        reason = delta.finish_reason
+        if reader is not None:
+            parsed = reader.feed(content)
+            if reason is not None:
+                parsed.extend(reader.finish())
+            out += self._parsed_chunks(i, parsed)
+            reason = finish_reason(reason, reader) if reason is not None else None
+        elif content:
+            out.append(self._chat(i, {"content": content}, None))
+        if delta.logprobs:  # the tokens' logprobs ride on the first chunk they produced
+            formatted = chat_logprobs(delta.logprobs)
+            if out:
+                out[0]["choices"][0]["logprobs"] = formatted
+            else:
+                out.append(self._chat(i, {}, None, formatted))
+        if reason is not None:
+            out.append(self._chat(i, {}, cast(FinishReason, reason)))
+        return out
 
     def _tool_chunks(self, i: int, reader, delta) -> list[ChatCompletionChunk]:
         parsed = reader.feed(delta.text)
@@ -148,3 +200,8 @@ class StreamChunker:
         if self.include_usage:
             chunk["usage"] = None  # OpenAI marks every chunk but the last this way
         return chunk
+
+
+def reasoning_delta(text: str) -> ChunkDelta:
+    """A chunk's delta of reasoning text, under DeepSeek's name and vLLM's."""
+    return {"reasoning_content": text, "reasoning": text}

@@ -5,8 +5,9 @@ and checks those), the checks across tools, and the `ToolSpec` they become.
 What each tool_choice does:
 - "none": the tools are not shown to the model; it answers in text.
 - "auto" (the default with tools): the tools are shown through the chat template and the model
-  chooses; its text is read for `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-  blocks (gateway/openai/tool_stream.py).
+  chooses; its text is read for calls in its family's syntax (gateway/openai/tool_parsers/,
+  chosen by --tool-call-parser or from the template), and always for the
+  `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks the fallback asks for.
 - "required", or {"type": "function", "function": {"name": ...}}: the output is constrained to
   the JSON of the call(s) by a schema built here (`ToolSpec.constraint`): one object
   {"name": <const>, "arguments": <the tool's parameters>}, name first; with "required" and

@@ -199,6 +199,16 @@ class Accounting:
             gen.trace_headers, gen.worker_timing)
 
 
+# the API a request came through, by its id: each endpoint names its ids its own way (chat's
+# and completions' ids on the WebSocket too); the ledger's `kind` (billing/ledger.py KINDS)
+ID_KINDS = (("chatcmpl-", "chat"), ("cmpl-", "completions"), ("resp_", "responses"),
+            ("msg_", "messages"))
+
+
+def kind_of(request_id: str) -> str | None:
+    return next((kind for prefix, kind in ID_KINDS if request_id.startswith(prefix)), None)
+
+
 def ledger_row(event: RequestFinished) -> LedgerRow:
     cost = event.cost
     return LedgerRow(
@@ -207,7 +217,7 @@ def ledger_row(event: RequestFinished) -> LedgerRow:
         event.cached_tokens, event.miss_tokens, event.completion_tokens,
         cost.cache_hit_input, cost.cache_miss_input, cost.output, cost.total,
         event.price_multiplier, event.queue_seconds, event.ttft_seconds, event.e2e_seconds,
-        event.reasons_text, event.status)
+        event.reasons_text, event.status, kind_of(event.request_id))
 
 
 async def wait_committed(gen, timeout: float = 30.0) -> None:

@@ -42,7 +42,8 @@ def overlap_enabled(mode: str, device: torch.device) -> bool:
 
 def needs_ordered_steps(request: Request, speculating: bool) -> bool:
     """True when the request's next step needs its last sampled token on the host."""
-    return speculating or request.grammar is not None or request.params.needs_penalties
+    return speculating or request.grammar is not None or request.params.needs_penalties \
+        or (request.think is not None and request.think.active)  # it may force its end marker
 
 
 @dataclass

@@ -37,6 +37,7 @@ from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 from runtime.scheduling.request import Request
 from runtime.spec_decode.verify import verify
 from runtime.structured.masks import MaskMaker, TokenMask
+from runtime.structured.reasoning import grammar_waits
 
 if TYPE_CHECKING:
     from runtime.spec_decode.drafter import ModelDrafter
@@ -316,7 +317,8 @@ class ModelRunner:
                        requests: Mapping[str, Request]) -> dict[str, torch.Tensor]:
         """Bitmask rows of each constrained request that samples this step, by id: its next
         token's, then one after each of its proposals (all made in one batched call)."""
-        constrained = [s for s in sampling if requests[s.request_id].grammar is not None]
+        constrained = [s for s in sampling if requests[s.request_id].grammar is not None
+                       and not grammar_waits(requests[s.request_id])]  # thinking: free
         if not constrained or self.masks is None:
             return {}
         entries = []

@@ -16,6 +16,7 @@ from runtime.spec_decode.governor import SpecState
 if TYPE_CHECKING:
     from runtime.detokenizer import IncrementalDetokenizer
     from runtime.structured.matcher import GrammarState
+    from runtime.structured.reasoning import ThinkBudget
 
 
 # a sampled token still on the device: the step after it was scheduled before it was read
@@ -73,6 +74,7 @@ class Request:
     # not asked for or already delivered. Set by the engine on admission.
     prompt_logprobs: list[PromptLogprob | None] | None = None
     grammar: GrammarState | None = None  # a structured-output request's grammar (the engine's)
+    think: ThinkBudget | None = None  # its reasoning budget (runtime/structured/reasoning.py)
     num_placeholders: int = 0  # sampled tokens not read back yet (overlapped steps)
 
     @property

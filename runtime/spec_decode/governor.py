@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.spec_decode.config import SpecConfig
+from runtime.structured.reasoning import grammar_waits
 
 EMA = 0.3
 VERIFY_COST = 0.05  # extra target work per proposed token at small batch (memory-bound)
@@ -57,6 +58,8 @@ class Governor:
         p = request.params
         if p.logprobs or p.top_logprobs or p.needs_penalties or not p.speculative:
             return 0  # these need one distribution per step; keep them exact and simple
+        if grammar_waits(request):  # no mask yet for proposals past the thought's end
+            return 0
         state = request.spec
         k, gain = self.best_k(state.rate)
         if gain >= MIN_GAIN:

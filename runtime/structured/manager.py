@@ -92,7 +92,10 @@ class StructuredOutputs:
         assert grammar is not None
         if isinstance(result, str):
             return self._error(grammar.param, result)
-        if not grammar.start(result, request.output_token_ids):
+        think = request.think  # a thought before the answer is not the grammar's
+        tokens = request.output_token_ids if think is None else \
+            think.answer_tokens(request.output_token_ids)
+        if not grammar.start(result, tokens):
             return self._error(grammar.param, "the tokens already generated do not match it")
         return None
 

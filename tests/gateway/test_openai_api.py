@@ -236,7 +236,8 @@ def test_error_body_and_runtime_error_mapping():
 # builders
 
 USAGE = {"prompt_tokens": 10, "completion_tokens": 4, "total_tokens": 14,
-         "prompt_tokens_details": {"cached_tokens": 8}}
+         "prompt_tokens_details": {"cached_tokens": 8},
+         "prompt_cache_hit_tokens": 8, "prompt_cache_miss_tokens": 2}  # DeepSeek's names
 
 
 def test_usage_dict_merges_extra_keys():

@@ -288,7 +288,9 @@ BAD = [  # (body, param, code)
     ({"input": "x", "tool_choice": "required"}, "tool_choice", None),
     ({"input": "x", "text": {"format": {"type": "json_object"}}}, "text.format", None),
     ({"input": "x", "text": "plain"}, "text", None),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort", None),
+    # refused at admission: this model (the fake's template) does not reason
+    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort",
+     "unsupported_parameter"),
     ({"input": "x", "background": True}, "background", None),
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "include", None),
     ({"input": "x", "top_logprobs": 3}, "top_logprobs", None),

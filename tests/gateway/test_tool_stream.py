@@ -156,8 +156,8 @@ def test_finish_reason_and_readers():
 
 # the chunks of a stream, accumulated by the openai SDK, against the whole answer
 
-def stream_and_whole(tools, text: str, cuts, reason="stop"):
-    chunker = StreamChunker("chat", "chatcmpl-1", "m", 1, tools=tools)
+def stream_and_whole(tools, text: str, cuts, reason="stop", parser="auto"):
+    chunker = StreamChunker("chat", "chatcmpl-1", "m", 1, tools=tools, tool_parser=parser)
     pieces = split(text, cuts)
     state = ChatCompletionStreamState()
     for i, piece in enumerate(pieces):
@@ -165,7 +165,7 @@ def stream_and_whole(tools, text: str, cuts, reason="stop"):
         for chunk in chunker.chunks(ChoiceDelta(0, piece, [1], None, reason if last else None)):
             state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
     streamed = state.current_completion_snapshot.choices[0]
-    reader = reader_for(tools)
+    reader = reader_for(tools, parser=parser)
     content, calls = collect(reader, text)
     body = chat_response("chatcmpl-1", "m", 1, [ChoiceResult(
         0, content, finish_reason(reason, reader), tool_calls=calls)], {

@@ -30,11 +30,20 @@ class PromptTokensDetails(TypedDict):
     cached_tokens: int  # prompt tokens served from the prefix cache (the cache-hit price)
 
 
+class CompletionTokensDetails(TypedDict):
+    reasoning_tokens: int  # output tokens a reasoning model wrote inside its think block
+
+
 class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    # DeepSeek's names beside OpenAI's: the prompt tokens billed at the cache-hit price
+    # (= prompt_tokens_details.cached_tokens) and at the cache-miss price (the rest)
+    prompt_cache_hit_tokens: int
+    prompt_cache_miss_tokens: int
+    completion_tokens_details: NotRequired[CompletionTokensDetails]  # chat
     cost: NotRequired[Cost]
 
 
@@ -90,6 +99,10 @@ class ToolCallDelta(TypedDict):
 class ChatMessage(TypedDict):
     role: Literal["assistant"]
     content: str | None  # null when only tools were called
+    # a reasoning model's think block (gateway/openai/reasoning.py), under DeepSeek's name
+    # and vLLM's; only with a reasoning parser
+    reasoning_content: NotRequired[str | None]
+    reasoning: NotRequired[str | None]
     tool_calls: NotRequired[list[ToolCall]]
 
 
@@ -113,6 +126,8 @@ class ChatCompletion(TypedDict):
 class ChunkDelta(TypedDict, total=False):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str  # a reasoning model's think text (DeepSeek's name)
+    reasoning: str  # the same text under vLLM's name
     tool_calls: list[ToolCallDelta]
 
 
@@ -204,6 +219,21 @@ class OutputMessage(TypedDict):
     content: list[OutputText]
 
 
+class ReasoningText(TypedDict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(TypedDict):
+    """A reasoning model's thought (gateway/openai/reasoning.py), before the message."""
+
+    id: str
+    type: Literal["reasoning"]
+    summary: list[Any]  # always empty: the thought is given whole, not summarized
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[ReasoningText]
+
+
 class InputTokensDetails(TypedDict):
     cached_tokens: int
     cache_write_tokens: int
@@ -233,7 +263,7 @@ class Response(TypedDict):
     status: Literal["in_progress", "completed", "incomplete", "failed"]
     error: ResponseError | None
     incomplete_details: dict[str, str] | None
-    output: list[OutputMessage]
+    output: list[OutputMessage | ReasoningItem]
     usage: ResponseUsage | None
     completed_at: int | None
     instructions: str | None

@@ -38,6 +38,14 @@ MAX_MESSAGES = 2048
 MAX_CONTENT_PARTS = 64
 # fields that change what the model must produce; ignoring them would return a wrong answer
 UNSUPPORTED = ("functions", "logit_bias", "suffix")
+# reasoning_effort -> the reasoning budget it stands for, in tokens (None: no budget). The
+# values are OpenAI's; the budgets ours, for models that think in the open (a DeepSeek-R1
+# distill writes about 1-4k tokens on a school problem): "none" skips the thinking (the end
+# marker comes first), "max" leaves it unbounded. max_reasoning_tokens wins when both are sent.
+REASONING_EFFORT_BUDGETS: dict[str, int | None] = {
+    "none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high": 16384, "xhigh": 32768,
+    "max": None}
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 Int = int | None
 Stop = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
@@ -195,6 +203,13 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="With tool_choice required: 1 "
                                                                "or more calls.")
+    reasoning_effort: ReasoningEffort | None = Field(None, description=(
+        "A reasoning model's thinking budget: none 0, minimal 256, low 1024, medium 4096, "
+        "high 16384, xhigh 32768 tokens, max unbounded; ignored by models that do not think."))
+    max_reasoning_tokens: Annotated[int, Field(ge=0)] | None = Field(None, description=(
+        "Ours (llama.cpp's --reasoning-budget per request): the most tokens a reasoning model "
+        "may think before its end marker is written for it; wins over reasoning_effort; "
+        "ignored by models that do not think."))
 
     @model_validator(mode="before")
     @classmethod
@@ -225,6 +240,12 @@ class ChatCompletionRequest(GenerationFields):
 
     def message_dicts(self) -> tuple[dict, ...]:
         return tuple(m.as_dict() for m in self.messages)
+
+    def reasoning_budget(self) -> int | None:
+        """The thinking budget in tokens (None: unbounded)."""
+        if self.max_reasoning_tokens is not None:
+            return self.max_reasoning_tokens
+        return REASONING_EFFORT_BUDGETS[self.reasoning_effort or "max"]
 
     def output_budget(self) -> int | None:
         # max_completion_tokens is the newer name; when both are sent it wins, as in OpenAI's
@@ -302,7 +323,9 @@ def generation_fields(req: ChatCompletionRequest | CompletionRequest,
         fields = dict(kind="completion", messages=None, prompt=req.prompt,
                       max_tokens=req.max_tokens, echo=bool(req.echo), tools=None)
     structured = _constraint(req.structured_spec(), tools)
+    sampling = req.sampling(defaults, logprobs, top_logprobs, structured)
+    if isinstance(req, ChatCompletionRequest) and req.reasoning_budget() is not None:
+        sampling["reasoning_budget"] = req.reasoning_budget()
     return {**fields, "model": req.model, "n": req.n or 1, "stream": bool(req.stream),
             "include_usage": req.include_usage, "priority": req.priority or 0,
-            "user": req.user, "structured": structured,
-            "sampling": req.sampling(defaults, logprobs, top_logprobs, structured)}
+            "user": req.user, "structured": structured, "sampling": sampling}

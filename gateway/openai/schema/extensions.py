@@ -148,7 +148,7 @@ class ResponsesRequest(Body):
     text: dict[str, Any] | None = Field(None, description=(
         'Only format {"type": "text"} and verbosity "medium" can be honoured.'))
     reasoning: dict[str, Any] | None = Field(None, description=(
-        'Only effort "none": this model does not reason.'))
+        'An effort other than "none" needs a reasoning model (--reasoning-parser).'))
     input: Annotated[Annotated[str, Tag("~string")]
                      | Annotated[list[InputMessage], Field(min_length=1,
                                                          max_length=MAX_MESSAGES),
