@@ -31,7 +31,7 @@ FULL = SamplingParams(
     presence_penalty=0.5, frequency_penalty=-0.5, repetition_penalty=1.1, stop=("\n", "END"),
     stop_token_ids=(2, 7), ignore_eos=True, logprobs=True, top_logprobs=3, prompt_logprobs=2,
     speculative=False, structured={"type": "choice", "choices": ["a", "b"], "param": "x"},
-    jump_forward=False)
+    jump_forward=False, reasoning_budget=128)
 WITH_PARAMS = {
     "add": AddRequest("r", [1, 2, 3], FULL, priority=-2, salt="s", prefill_only=True),
     "import": ImportKV("r", [1, 2, 3], [4], FULL, key="1-2", tag=7, priority=1, salt="s",
