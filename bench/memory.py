@@ -47,7 +47,9 @@ def child(model: str | None, kv_gb: float, quantization: str) -> dict:
     loaded = time.perf_counter() - start
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     engine.generate([list(range(3, 60))], params)  # every weight read once
-    kv = sum(t.numel() * t.element_size() for pair in engine.runner.kv_caches for t in pair)
+    # each cache tensor once: latent attention's K and V are one tensor (runtime/models/mla.py)
+    caches = {t.data_ptr(): t for pair in engine.runner.kv_caches for t in pair}
+    kv = sum(t.numel() * t.element_size() for t in caches.values())
     return {"file": os.path.getsize(path), "kv": kv, "load_s": loaded,
             "quantization": engine.runner.model.quantization, **_status()}
 

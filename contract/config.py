@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contract.rope import DEFAULT_ROPE, RopeScaling
+from contract.rope import DEFAULT_ROPE, RopeScaling, yarn_mscale
 
 HIDDEN_ACTS = ("silu", "gelu_tanh")  # the MLP's gate activation (runtime/models/llama.py)
 # how a mixture-of-experts layer picks each token's experts (runtime/models/routing.py):
@@ -28,9 +28,13 @@ class ModelConfig:
     keeps Gemma's (1 + w) form has it added at load. A mixture of experts (Mixtral, Qwen2/3-MoE)
     replaces the MLP of its MoE layers (`moe_layers`) by `num_experts` routed experts, of which
     each token runs `experts_per_token`, chosen and weighted by `router`, plus a shared expert
-    where it has one (runtime/models/moe.py)."""
+    where it has one (runtime/models/moe.py). DeepSeek-V2/V3 attend with Multi-head Latent
+    Attention (`kv_lora_rank` > 0, runtime/models/mla.py): their KV cache holds one latent row
+    per token (`kv_cache_heads`, `kv_cache_dim`, `kv_shared`), and `head_dim` is then the width
+    of each head's rotated part (`qk_rope_head_dim`, what the rotary tables are built for)."""
 
-    # "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe"
+    # "llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe",
+    # "deepseek_v2", "deepseek_v3"
     architecture: str
     vocab_size: int
     hidden_size: int
@@ -76,6 +80,17 @@ class ModelConfig:
     # per layer, whether its MLP is the experts (DeepSeek's first_k_dense_replace and
     # moe_layer_freq, Qwen's decoder_sparse_step and mlp_only_layers); () with experts: all
     moe_layers: tuple[bool, ...] = ()
+    # Multi-head Latent Attention (DeepSeek-V2/V3, runtime/models/mla.py); kv_lora_rank 0: none.
+    # Each token's keys and values are made from one compressed latent of kv_lora_rank values
+    # (kv_a_proj_with_mqa, then kv_a_layernorm) and one rotated key part of qk_rope_head_dim
+    # values shared by every head: those two are what the cache holds. Per head, the key is
+    # [qk_nope_head_dim values expanded from the latent | the shared rotated part], the value
+    # v_head_dim values expanded from the latent (kv_b_proj holds both expansions).
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # the query's own low-rank width (q_a_proj, q_b_proj); 0: one q_proj
+    qk_nope_head_dim: int = 0  # each head's query/key part without position (from the latent)
+    qk_rope_head_dim: int = 0  # each head's query/key part rotated by position (shared key)
+    v_head_dim: int = 0  # each head's value width
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -90,6 +105,17 @@ class ModelConfig:
                              f"{self.num_hidden_layers} layers")
         if self.num_experts:
             self._check_experts()
+        if self.kv_lora_rank:
+            self._check_latent_attention()
+
+    def _check_latent_attention(self) -> None:
+        if min(self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim) < 1 \
+                or self.q_lora_rank < 0 or self.qk_rope_head_dim % 2:
+            raise ValueError("latent attention needs positive qk_nope_head_dim, v_head_dim and "
+                             "an even qk_rope_head_dim")
+        if self.head_dim != self.qk_rope_head_dim:
+            raise ValueError(f"latent attention's head_dim is its rotated part "
+                             f"({self.qk_rope_head_dim}), not {self.head_dim}")
 
     def _check_experts(self) -> None:
         if self.router not in ROUTERS:
@@ -125,13 +151,49 @@ class ModelConfig:
         return self.moe_layers[layer] if self.moe_layers else True
 
     @property
+    def is_latent_attention(self) -> bool:
+        """Multi-head Latent Attention (DeepSeek-V2/V3) instead of per-head K/V."""
+        return self.kv_lora_rank > 0
+
+    @property
     def attention_scale(self) -> float:
+        if self.is_latent_attention:
+            # over the whole query/key head; YaRN with mscale_all_dim also sharpens the
+            # softmax by its temperature squared (DeepSeek's and transformers' rule)
+            scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+            r = self.rope_scaling
+            if r.type != "default" and r.mscale_all_dim:
+                scale *= yarn_mscale(r.factor, r.mscale_all_dim) ** 2
+            return scale
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
+    def kv_cache_heads(self) -> int:
+        """Heads of each layer's cache rows: one latent row for latent attention."""
+        return 1 if self.is_latent_attention else self.num_key_value_heads
+
+    @property
+    def kv_cache_dim(self) -> int:
+        """Values per cache head: the latent and the rotated key part for latent attention."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.is_latent_attention \
+            else self.head_dim
+
+    @property
+    def kv_shared(self) -> bool:
+        """Whether one cache tensor serves as K and V (latent attention: the latent is both),
+        so each layer allocates one tensor, not two."""
+        return self.is_latent_attention
+
+    @property
+    def kv_tensors(self) -> int:
+        """Cache tensors per layer: 1 where K and V share one, else 2."""
+        return 1 if self.kv_shared else 2
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V, over all layers, for one token in float32."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 4
+        """Bytes of the KV cache, over all layers, for one token in float32."""
+        return self.kv_tensors * self.num_hidden_layers * self.kv_cache_heads \
+            * self.kv_cache_dim * 4
 
 
 # the named choices of EngineConfig's string settings, written once: the modules acting on
@@ -161,7 +223,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     disk_cache_dir: str | None = None  # the prefix cache's disk tier; None turns it off
     disk_cache_bytes: int = 4 << 30  # size limit of the disk tier
-    spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH
+    spec: str = "off"  # speculative decoding: off | ngram | self:L | draft:PATH | mtp[:K]
     num_spec_tokens: int = 4  # the most proposed tokens per request per step
     spec_max_batch: int = 4  # no speculation in steps decoding more requests than this
     device: str = "cpu"

@@ -73,7 +73,8 @@ class EngineSettings:
                                    "reuse KV of repeated prompt prefixes", "enable_prefix_caching")
     disk_cache_dir: str | None = setting(_ENGINE.disk_cache_dir,
                                          "folder for the prefix cache's disk tier")
-    spec: str = setting(_ENGINE.spec, "speculative decoding: off, ngram, self:L or draft:PATH")
+    spec: str = setting(_ENGINE.spec, "speculative decoding: off, ngram, self:L, draft:PATH or "
+                        "mtp[:K] (the checkpoint's multi-token-prediction layer, K drafts)")
     num_spec_tokens: int = setting(_ENGINE.num_spec_tokens,
                                    "the most tokens proposed per request per step")
     chat_template: str | None = setting(_ENGINE.chat_template,

@@ -54,7 +54,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.runner.num_blocks, config.block_size,
                                  config.enable_prefix_caching, self.model_id, self.disk_cache)
         self.spec = SpecConfig.parse(config.spec, config.num_spec_tokens, config.spec_max_batch)
-        self.runner.drafter = make_drafter(self.spec, self.runner)
+        self.runner.drafter = make_drafter(self.spec, self.runner, checkpoint.weights)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len, self.spec,
                                    draft_cost(self.runner))
         self.requests: dict[str, Request] = {}
@@ -98,7 +98,8 @@ class LLMEngine:
     def from_model_path(cls, path: str | None = None,
                         config: EngineConfig = EngineConfig()) -> LLMEngine:
         check_device(config.device)  # before the load's seconds, not after them
-        return cls(load_checkpoint(path), config)
+        keep_mtp = SpecConfig.parse(config.spec).method == "mtp"  # its layers' tensors
+        return cls(load_checkpoint(path, keep_mtp=keep_mtp), config)
 
     # ---- requests ---------------------------------------------------------------------
     @property

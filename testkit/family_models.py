@@ -11,7 +11,11 @@ Families: llama (plain, linear, llama3 and yarn rope scaling), qwen3 (q/k norms)
 qkv and gate/up), gemma3 (sandwich norms, q/k norms, GeGLU, scaled embeddings, sliding-window
 layers with their own rope base), and the mixtures of experts: mixtral (8 experts, 2 per token,
 softmax over the top 2), qwen3_moe (8 experts, 3 per token, normalised, a dense middle layer
-through `mlp_only_layers`), qwen2_moe (un-normalised, a gated shared expert).
+through `mlp_only_layers`), qwen2_moe (un-normalised, a gated shared expert); and DeepSeek's
+Multi-head Latent Attention with its mixtures: deepseek_v3 (q_lora, a dense first layer, 8
+experts top 2 by V3's sigmoid router in 4 groups keeping 2 with a random correction bias, one
+shared expert, YaRN with mscale_all_dim, interleaved rope), deepseek_v2_lite (no q_lora, V2's
+softmax greedy router, two shared experts).
 """
 from __future__ import annotations
 
@@ -37,7 +41,11 @@ ROPE = {
                    "original_max_position_embeddings": 256},
 }
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "qwen2_moe")
-FAMILIES = (*ROPE, "qwen3", "phi3", "gemma3", *MOE_FAMILIES)
+MLA_FAMILIES = ("deepseek_v3", "deepseek_v2_lite")
+FAMILIES = (*ROPE, "qwen3", "phi3", "gemma3", *MOE_FAMILIES, *MLA_FAMILIES)
+# the latent attention's widths (kv_lora_rank + rope = 40 cached values per token and layer)
+MLA: dict[str, Any] = {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                       "v_head_dim": 16}
 
 
 def _config(family: str, vocab: int, ids: dict):
@@ -83,7 +91,35 @@ def _config(family: str, vocab: int, ids: dict):
         return Qwen2MoeConfig(**shape, rope_parameters=rope, num_experts=8, num_experts_per_tok=2,
                               moe_intermediate_size=32, shared_expert_intermediate_size=96,
                               norm_topk_prob=False)
+    if family in MLA_FAMILIES:
+        return _deepseek_config(family, common)
     raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+
+
+def _deepseek_config(family: str, common: dict):
+    from transformers import DeepseekV2Config, DeepseekV3Config
+
+    shape = {k: v for k, v in common.items() if k not in ("head_dim", "num_key_value_heads")}
+    shape["num_key_value_heads"] = shape["num_attention_heads"]
+    if family == "deepseek_v3":
+        # mscale and mscale_all_dim differ, so both the tables' factor and the softmax's
+        # scale are exercised
+        return DeepseekV3Config(**shape, **MLA, q_lora_rank=32, moe_intermediate_size=32,
+                                n_routed_experts=8, num_experts_per_tok=2, n_group=4,
+                                topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+                                routed_scaling_factor=2.5, norm_topk_prob=True,
+                                rope_parameters={
+                                    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                    "original_max_position_embeddings": 256, "mscale": 1.0,
+                                    "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
+    return DeepseekV2Config(**shape, **MLA, q_lora_rank=None, moe_intermediate_size=32,
+                            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+                            first_k_dense_replace=1, topk_method="greedy",
+                            norm_topk_prob=False, routed_scaling_factor=1.0,
+                            rope_parameters={
+                                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 256, "mscale": 0.707,
+                                "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1})
 
 
 def _model_class(family: str):
@@ -93,7 +129,9 @@ def _model_class(family: str):
             "gemma3": transformers.Gemma3ForCausalLM,
             "mixtral": transformers.MixtralForCausalLM,
             "qwen3_moe": transformers.Qwen3MoeForCausalLM,
-            "qwen2_moe": transformers.Qwen2MoeForCausalLM}.get(family,
+            "qwen2_moe": transformers.Qwen2MoeForCausalLM,
+            "deepseek_v3": transformers.DeepseekV3ForCausalLM,
+            "deepseek_v2_lite": transformers.DeepseekV2ForCausalLM}.get(family,
                                                                transformers.LlamaForCausalLM)
 
 
@@ -109,6 +147,9 @@ def _randomize(model, family: str, seed: int) -> None:
                 p.copy_(noise)
             else:
                 p.copy_(noise * p.shape[-1] ** -0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 def write_family_checkpoint(folder: Path, family: str, seed: int = 0):
@@ -128,3 +169,46 @@ def write_family_checkpoint(folder: Path, family: str, seed: int = 0):
         "chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>",
         "add_bos_token": False}))
     return model
+
+
+def add_mtp_layer(folder: Path, seed: int = 1, like_layer: int = 1,
+                  own_embedding: bool = False) -> dict[str, torch.Tensor]:
+    """Add one DeepSeek multi-token-prediction layer to a tiny deepseek_v3 folder, as
+    DeepSeek-V3/R1 ship it (transformers writes none): `num_nextn_predict_layers: 1` in
+    config.json and, under `model.layers.{N}.` (N = num_hidden_layers), `enorm`, `hnorm`,
+    `eh_proj` [hidden, 2 * hidden], a decoder layer with the names and shapes of layer
+    `like_layer` (1: MLA and the experts), `shared_head.norm` and `shared_head.head` (a copy
+    of `lm_head`, as DeepSeek's is), and `embed_tokens` only with `own_embedding`. Random
+    values (norms around 1). Returns the tensors added."""
+    from safetensors.torch import load_file, save_file
+
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    n, hidden = config["num_hidden_layers"], config["hidden_size"]
+    path = folder / "model.safetensors"
+    tensors = load_file(str(path))
+    g = torch.Generator().manual_seed(seed)
+
+    def noise(shape, name: str) -> torch.Tensor:
+        x = torch.randn(shape, generator=g)
+        if "norm" in name:
+            return 1.0 + 0.1 * x
+        if name.endswith("e_score_correction_bias"):
+            return 0.1 * x
+        return x if "embed" in name else x * shape[-1] ** -0.5
+
+    src, dst = f"model.layers.{like_layer}.", f"model.layers.{n}."
+    added = {dst + name[len(src):]: noise(t.shape, name) for name, t in tensors.items()
+             if name.startswith(src)}
+    for name, shape in (("enorm.weight", (hidden,)), ("hnorm.weight", (hidden,)),
+                        ("eh_proj.weight", (hidden, 2 * hidden)),
+                        ("shared_head.norm.weight", (hidden,))):
+        added[dst + name] = noise(shape, name)
+    added[dst + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    if own_embedding:
+        added[dst + "embed_tokens.weight"] = noise(tensors["model.embed_tokens.weight"].shape,
+                                                   "embed_tokens")
+    save_file({**tensors, **added}, str(path), metadata={"format": "pt"})
+    config["num_nextn_predict_layers"] = 1
+    config_path.write_text(json.dumps(config, indent=1))
+    return added

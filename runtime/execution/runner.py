@@ -40,7 +40,7 @@ from runtime.structured.masks import MaskMaker, TokenMask
 from runtime.structured.reasoning import grammar_waits
 
 if TYPE_CHECKING:
-    from runtime.spec_decode.drafter import ModelDrafter
+    from runtime.spec_decode.drafter import Drafter
 
 log = logging.getLogger("runtime.startup")
 # prompt positions scored per LM-head call: bounds the [rows, vocab] logits a long chunk makes
@@ -105,8 +105,8 @@ class ModelRunner:
         self.kv_caches = self._allocate_kv_cache()
         self.sampler = Sampler(config.device, seed=config.seed)
         self.disk = disk  # the prefix cache's disk tier, or None
-        # a model drafter for speculative decoding (self or draft model)
-        self.drafter: ModelDrafter | None = None
+        # a model drafter for speculative decoding (self, draft model or MTP)
+        self.drafter: Drafter | None = None
         self.masks: MaskMaker | None = None  # structured outputs' token masks (the engine's)
         self._generators: dict[str, torch.Generator] = {}  # seeded requests' own streams
         self.graphs = self._capture_graphs()  # decode steps' CUDA graphs, or None
@@ -123,20 +123,27 @@ class ModelRunner:
 
     @property
     def block_shape(self) -> tuple[int, ...]:
+        """One block's cache: [layers, tensors, block_size, cache heads, cache dim], tensors
+        2 (K, V), or 1 where they share one (latent attention: its latent rows)."""
         c = self.model_cfg
-        return (c.num_hidden_layers, 2, self.block_size, c.num_key_value_heads, c.head_dim)
+        return (c.num_hidden_layers, c.kv_tensors, self.block_size, c.kv_cache_heads,
+                c.kv_cache_dim)
 
-    # ---- KV copies for the prefix cache's disk tier -------------------------------------
+    # ---- KV copies for the prefix cache's disk tier and PD transfers ---------------------
     def read_block(self, block_id: int) -> torch.Tensor:
         s = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
+        if self.model_cfg.kv_shared:  # K is V: its rows once
+            return torch.stack([k[s] for k, _ in self.kv_caches]).unsqueeze(1).cpu()
         return torch.stack([torch.stack((k[s], v[s])) for k, v in self.kv_caches]).cpu()
 
     def write_block(self, block_id: int, kv: torch.Tensor) -> None:
         s = slice(block_id * self.block_size, (block_id + 1) * self.block_size)
         kv = kv.to(device=self.device, dtype=self.kv_dtype)
+        shared = self.model_cfg.kv_shared
         for layer, (k, v) in enumerate(self.kv_caches):
             k[s] = kv[layer, 0]
-            v[s] = kv[layer, 1]
+            if not shared:
+                v[s] = kv[layer, 1]
 
     def apply_kv_transfers(self, transfers) -> None:
         """Save evicted blocks before anything overwrites them, then load disk hits."""
@@ -147,19 +154,25 @@ class ModelRunner:
             self.write_block(block_id, kv)
 
     def _allocate_kv_cache(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer its (K, V) caches [slots, cache heads, cache dim]; where K and V share one
+        tensor (latent attention) the pair is that tensor twice, allocated once."""
         start = time.perf_counter()
-        shape = ((self.num_blocks + 1) * self.block_size, self.model_cfg.num_key_value_heads,
-                 self.model_cfg.head_dim)  # + the padding page
-        layers = self.model_cfg.num_hidden_layers
+        c = self.model_cfg
+        shape = ((self.num_blocks + 1) * self.block_size, c.kv_cache_heads,
+                 c.kv_cache_dim)  # + the padding page
+        layers, tensors = c.num_hidden_layers, c.kv_tensors
         if self.device.type == "cpu":
-            caches = lazily_zeroed((layers, 2, *shape), self.kv_dtype)
+            caches = lazily_zeroed((layers, tensors, *shape), self.kv_dtype)
         else:
-            caches = torch.zeros((layers, 2, *shape), dtype=self.kv_dtype, device=self.device)
+            caches = torch.zeros((layers, tensors, *shape), dtype=self.kv_dtype,
+                                 device=self.device)
         nbytes = caches.numel() * caches.element_size()
-        log.info("KV cache: %s blocks (%s tokens, %.1f GiB %s) in %.2f s", f"{self.num_blocks:,}",
-                 f"{self.num_blocks * self.block_size:,}", nbytes / 2 ** 30,
-                 str(self.kv_dtype).removeprefix("torch."), time.perf_counter() - start)
-        return [(caches[i, 0], caches[i, 1]) for i in range(layers)]
+        log.info("KV cache: %s blocks (%s tokens, %.1f GiB %s%s) in %.2f s",
+                 f"{self.num_blocks:,}", f"{self.num_blocks * self.block_size:,}",
+                 nbytes / 2 ** 30, str(self.kv_dtype).removeprefix("torch."),
+                 f", latent: {c.kv_cache_dim} values per token and layer" if c.kv_shared
+                 else "", time.perf_counter() - start)
+        return [(caches[i, 0], caches[i, tensors - 1]) for i in range(layers)]
 
     # ---- per-request state -------------------------------------------------------------
     def _generator(self, request: Request) -> torch.Generator | None:
@@ -273,6 +286,8 @@ class ModelRunner:
                 tokens = verify(logits, list(s.spec_token_ids[:k]), r.params, self._generator(r))
                 result.tokens[s.request_id] = tokens
                 result.rejected[s.request_id] = k - (len(tokens) - 1)
+        if self.drafter is not None and self.drafter.follows_target:  # MTP: its rows now
+            self.drafter.observe(batch, requests, self.model.prenorm, last_index, result)
         self._score_prompts(batch, requests, hidden, last_index, result)
         return result
 

@@ -4,10 +4,19 @@ Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE) have their expert te
 one set of names, the Hub's Qwen form `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`
 and `mlp.gate.weight`: Mixtral's `block_sparse_moe.experts.E.w1/w3/w2` are renamed, and the
 stacked 3-D tensors transformers 5 holds in memory (`mlp.experts.gate_up_proj` [E, 2I, H],
-`mlp.experts.down_proj` [E, H, I]), should a folder have them, are split per expert (views)."""
+`mlp.experts.down_proj` [E, H, I]), should a folder have them, are split per expert (views).
+
+DeepSeek-V2/V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`) attend with Multi-head Latent
+Attention (runtime/models/mla.py): their MLA keys are read here, their block-scaled FP8 weights
+(DeepSeek-V3/R1 as shipped) dequantized at load (runtime/loading/fp8.py), the rows making the
+rotated query/key parts permuted from DeepSeek's interleaved pairs to the halves our rotary
+kernel rotates (`rope_halves`), and the multi-token-prediction layer's tensors
+(`num_nextn_predict_layers`) kept for `--spec mtp` (runtime/models/mtp.py), else skipped by
+name with a log line."""
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 
@@ -18,6 +27,9 @@ from contract.errors import ModelLoadError
 from contract.json_files import read_json
 from contract.rope import RopeScalingError, rope_from_hf
 from contract.tokenizer import Tokenizer
+from runtime.loading.fp8 import FP8Error, dequantize_checkpoint
+
+log = logging.getLogger("runtime.startup")
 
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -29,20 +41,42 @@ ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
+LATENT_ATTENTION_ARCHITECTURES = ("deepseek_v2", "deepseek_v3")
+# config keys of DeepSeek attention variants we do not implement (V3.2's sparse attention
+# indexer): a folder with them is refused, not served as plain MLA
+_UNSERVED_MLA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # config.json's activation names for the MLP gate, as ModelConfig.hidden_act names them
 HIDDEN_ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
-def read_hf_folder(folder: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Config, float32 weights (HF names) and tokenizer of a folder saved by `save_pretrained`."""
+def read_hf_folder(folder: str, keep_mtp: bool = False
+                   ) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Config, float32 weights (HF names) and tokenizer of a folder saved by `save_pretrained`.
+    `keep_mtp`: keep the multi-token-prediction layers' tensors (`--spec mtp` drafts with them,
+    runtime/models/mtp.py), else they are skipped."""
     raw = read_json(os.path.join(folder, "config.json"), required=True)
     generation = read_json(os.path.join(folder, "generation_config.json"), required=False)
     extra_eos = _id_list(generation.get("eos_token_id")) + _id_list(raw.get("eos_token_id"))
     tokenizer = Tokenizer.from_hf_folder(folder, extra_eos_ids=tuple(extra_eos))
     config = config_from_hf(raw, folder)
     weights = read_safetensors(folder)
+    mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
+    if config.is_latent_attention and not keep_mtp:  # before dequantizing: not needed
+        _skip_mtp_layers(weights, config, mtp_layers)
+    quantization = raw.get("quantization_config")
+    if quantization is not None and quantization.get("quant_method") != "fp8":
+        raise ModelLoadError(f"{folder}: quantization_config quant_method "
+                             f"{quantization.get('quant_method')!r} is not served")
+    try:
+        dequantize_checkpoint(weights, quantization)
+    except FP8Error as e:
+        raise ModelLoadError(f"{folder}: {e}") from e
+    if config.is_latent_attention and _rope_interleaved(config.architecture, raw):
+        rope_halves(weights, config, mtp_layers if keep_mtp else 0)  # after dequantizing
     if config.num_experts:
         weights = expert_names(weights)
     _check_weights(config, weights, folder)
@@ -62,6 +96,7 @@ def config_from_hf(raw: dict, folder: str = "") -> ModelConfig:
         heads = int(raw["num_attention_heads"])
         layers = int(raw["num_hidden_layers"])
         global_rope, local_rope = _rope_settings(raw)
+        latent = latent_attention_traits(arch, raw)
         return ModelConfig(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
@@ -69,19 +104,25 @@ def config_from_hf(raw: dict, folder: str = "") -> ModelConfig:
             intermediate_size=int(raw["intermediate_size"]),
             num_hidden_layers=layers,
             num_attention_heads=heads,
-            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            num_key_value_heads=heads if latent else int(raw.get("num_key_value_heads")
+                                                         or heads),
             max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             rope_theta=float(global_rope.get("rope_theta", raw.get("rope_theta", 10000.0))),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", raw.get(
                 "qkv_bias", arch in ("qwen2", "qwen2_moe")))),
-            head_dim=raw.get("head_dim"),
+            head_dim=latent.get("qk_rope_head_dim", raw.get("head_dim")),
             bos_token_id=raw.get("bos_token_id"),
+            # DeepSeek's block-scaled fp8 (dequantized at load): informational, served float
+            # unless a quantization is asked for
+            weight_format="fp8" if (raw.get("quantization_config") or {}).get(
+                "quant_method") == "fp8" else "float",
             rope_scaling=rope_from_hf(global_rope,
                                       int(raw.get("max_position_embeddings", 2048))),
             **_family_traits(arch, raw, layers, local_rope),
             **moe_traits(arch, raw, layers),
+            **latent,
         )
     except RopeScalingError as e:
         raise ModelLoadError(f"{folder}/config.json: {e}") from e
@@ -128,11 +169,77 @@ def _family_traits(arch: str, raw: dict, layers: int, local_rope: dict | None) -
     return traits
 
 
+def latent_attention_traits(arch: str, raw: dict) -> dict:
+    """The Multi-head Latent Attention fields of ModelConfig ({} for other families); a
+    DeepSeek config without its MLA keys, or with a variant's we do not implement, is
+    refused by name."""
+    if arch not in LATENT_ATTENTION_ARCHITECTURES:
+        return {}
+    unserved = [k for k in _UNSERVED_MLA_KEYS if raw.get(k)]
+    if unserved:
+        raise ValueError(f"DeepSeek attention with {', '.join(unserved)} (sparse attention) "
+                         "is not served")
+    if not raw.get("kv_lora_rank"):
+        raise ValueError("kv_lora_rank is missing (a DeepSeek model without latent attention "
+                         "is not served)")
+    return {"kv_lora_rank": int(raw["kv_lora_rank"]),
+            "q_lora_rank": int(raw.get("q_lora_rank") or 0),
+            "qk_nope_head_dim": int(raw["qk_nope_head_dim"]),
+            "qk_rope_head_dim": int(raw["qk_rope_head_dim"]),
+            "v_head_dim": int(raw["v_head_dim"])}
+
+
+def rope_halves(weights: dict[str, torch.Tensor], config: ModelConfig,
+                mtp_layers: int = 0) -> None:
+    """DeepSeek rotates interleaved pairs (x0, x1), (x2, x3), ... of each rotated part; our
+    rotary kernel rotates halves (x_i with x_{i + d/2}). Permuting the rows that make each
+    rotated part to [x0, x2, ... | x1, x3, ...] (the query's per head, the shared key's once)
+    makes one rotation the other, and both q and k get it, so every q . k is unchanged."""
+    rope, nope, rank = config.qk_rope_head_dim, config.qk_nope_head_dim, config.kv_lora_rank
+    perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)])
+    heads = config.num_attention_heads
+    for i in range(config.num_hidden_layers + mtp_layers):  # the MTP layers' attention too
+        a = f"model.layers.{i}.self_attn."
+        q = a + ("q_b_proj.weight" if config.q_lora_rank else "q_proj.weight")
+        for name in (q, q.removesuffix("weight") + "bias"):
+            if name in weights:
+                t = weights[name]
+                per_head = t.reshape(heads, nope + rope, *t.shape[1:]).clone()
+                per_head[:, nope:] = per_head[:, nope:][:, perm]
+                weights[name] = per_head.reshape(t.shape)
+        for name in (a + "kv_a_proj_with_mqa.weight", a + "kv_a_proj_with_mqa.bias"):
+            if name in weights:
+                t = weights[name].clone()
+                t[rank:] = t[rank:][perm]
+                weights[name] = t
+
+
+def _rope_interleaved(arch: str, raw: dict) -> bool:
+    """Whether the checkpoint rotates interleaved pairs: DeepSeek-V2 always (its reference
+    rotates complex pairs and reads no key for it), V3 unless `rope_interleave` is false."""
+    return arch == "deepseek_v2" or bool(raw.get("rope_interleave", True))
+
+
+def _skip_mtp_layers(weights: dict[str, torch.Tensor], config: ModelConfig,
+                     mtp_layers: int) -> None:
+    """Drop the multi-token-prediction layers' tensors (DeepSeek-V3 numbers them after the
+    decoder's: model.layers.61.* of 61 layers), with a log line: only `--spec mtp` uses them."""
+    if not mtp_layers:
+        return
+    n = config.num_hidden_layers
+    prefixes = tuple(f"model.layers.{n + i}." for i in range(mtp_layers))
+    dropped = [name for name in weights if name.startswith(prefixes)]
+    for name in dropped:
+        del weights[name]
+    if dropped:
+        log.info("skipped %d tensors of %d multi-token-prediction layer(s) (%s*): only "
+                 "--spec mtp drafts with them", len(dropped), mtp_layers, prefixes[0])
+
+
 def moe_traits(arch: str, raw: dict, layers: int) -> dict:
     """The mixture-of-experts fields of ModelConfig a config.json implies ({} for a dense
     family). Router settings we do not serve are refused by name, never served another way.
-    The DeepSeek branch (V2's softmax, V3's sigmoid with the correction bias) reads their
-    configs for the DeepSeek loader; those architectures need MLA to be served."""
+    The DeepSeek branch: V2's softmax, V3's sigmoid with the correction bias."""
     if arch == "mixtral":  # every layer; softmax over the top k logits
         experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
         return _moe(experts, raw, moe_intermediate_size=int(raw["intermediate_size"]),
@@ -254,8 +361,13 @@ def read_safetensors(folder: str) -> dict[str, torch.Tensor]:
             shard = load_file(path)
         except Exception as e:
             raise ModelLoadError(f"{path}: unreadable safetensors: {e}") from e
-        weights.update((k, v.float().contiguous()) for k, v in shard.items())
+        # fp8 stays as it is until its scales are applied (runtime/loading/fp8.py)
+        weights.update((k, v if v.dtype in _FP8 else v.float().contiguous())
+                       for k, v in shard.items())
     return weights
+
+
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def _check_weights(config: ModelConfig, weights: dict, folder: str) -> None:
@@ -267,7 +379,14 @@ def _check_weights(config: ModelConfig, weights: dict, folder: str) -> None:
         p = f"model.layers.{i}."
         needed += [p + n + ".weight" for n in (
             "input_layernorm", "post_attention_layernorm", "self_attn.o_proj")]
-        if p + "self_attn.qkv_proj.weight" not in weights:
+        if config.is_latent_attention:
+            a = p + "self_attn."
+            needed += [a + n + ".weight" for n in (
+                "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj")]
+            needed += [a + n + ".weight" for n in (
+                ("q_a_proj", "q_a_layernorm", "q_b_proj") if config.q_lora_rank
+                else ("q_proj",))]
+        elif p + "self_attn.qkv_proj.weight" not in weights:
             needed += [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
         if config.is_moe_layer(i):
             needed += _expert_tensors(config, p + "mlp.", weights)

@@ -45,15 +45,16 @@ class Checkpoint:
     load_seconds: float
 
 
-def load_checkpoint(path: str | None = None) -> Checkpoint:
-    """Load `path` (default: SmolLM2)."""
+def load_checkpoint(path: str | None = None, keep_mtp: bool = False) -> Checkpoint:
+    """Load `path` (default: SmolLM2). `keep_mtp`: a Hugging Face folder's multi-token-
+    prediction layers are kept (`--spec mtp`), else skipped."""
     path = path or default_model_path()
     start = time.perf_counter()
     if os.path.isdir(path):
         from runtime.loading.hf import read_hf_folder
 
         log.info("loading %s (Hugging Face folder)", path)
-        config, weights, tokenizer = read_hf_folder(path)
+        config, weights, tokenizer = read_hf_folder(path, keep_mtp)
         what = f"{len(weights)} tensors read"
     elif os.path.isfile(path):
         _check_gguf_magic(path)

@@ -8,7 +8,9 @@ they are (fused parts stacked), otherwise dequantized, as any float weight. Toke
 in a step are flattened into one [T, hidden] batch; only attention knows about request boundaries
 (see runtime/models/attention.py). A mixture-of-experts layer (Mixtral, Qwen2/3-MoE) has a
 `runtime/models/moe.py` SparseMoE in place of the MLP; the tokens routed to each expert are
-counted in the model's `expert_load`.
+counted in the model's `expert_load`. DeepSeek-V2/V3 layers attend with Multi-head Latent
+Attention (runtime/models/mla.py) over a latent cache that is both K and V: their layers get
+the one tensor twice.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from contract.config import ModelConfig
 from runtime.loading.calibration import Calibration
 from runtime.models.attention import AttentionMetadata, PagedAttention
 from runtime.models.linear import Linear
+from runtime.models.mla import LatentAttention
 from runtime.models.moe import ExpertLoad, SparseMoE
 from runtime.models.weights import LinearMaker, ModelWeights, log_build, one_thread
 
@@ -37,13 +40,17 @@ class DecoderLayer:
     def __init__(self, cfg: ModelConfig, w: ModelWeights, prefix: str, linear: LinearMaker,
                  index: int = 0, expert_load: ExpertLoad | None = None):
         a = prefix + "self_attn."
-        qkv_bias = None
-        if cfg.attention_bias or (a + "q_proj.bias") in w:
-            qkv_bias = torch.cat([w.tensor(a + "q_proj.bias"), w.tensor(a + "k_proj.bias"),
-                                  w.tensor(a + "v_proj.bias")]).contiguous()
-        self.qkv = linear(_fused_or_parts(w, a + "qkv_proj.weight", [
-            a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]), qkv_bias)
-        self.o_proj = linear([w.matrix(a + "o_proj.weight")])
+        self.latent: LatentAttention | None = None
+        if cfg.is_latent_attention:  # DeepSeek's MLA: its own projections, no qkv / o_proj
+            self.latent = LatentAttention(cfg, w, a, linear)
+        else:
+            qkv_bias = None
+            if cfg.attention_bias or (a + "q_proj.bias") in w:
+                qkv_bias = torch.cat([w.tensor(a + "q_proj.bias"), w.tensor(a + "k_proj.bias"),
+                                      w.tensor(a + "v_proj.bias")]).contiguous()
+            self.qkv = linear(_fused_or_parts(w, a + "qkv_proj.weight", [
+                a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]), qkv_bias)
+            self.o_proj = linear([w.matrix(a + "o_proj.weight")])
         m = prefix + "mlp."
         self.moe: SparseMoE | None = None
         if cfg.is_moe_layer(index):
@@ -80,11 +87,12 @@ class DecoderLayer:
     def plain(self) -> bool:
         """A Llama layer exactly (what the fused C decode layer computes)."""
         return not (self.sandwich or self.q_norm is not None or self.gelu or self.window
-                    or self.moe is not None)
+                    or self.moe is not None or self.latent is not None)
 
     def linears(self) -> list[Linear]:
         mlp = self.moe.linears() if self.moe is not None else [self.gate_up, self.down]
-        return [self.qkv, self.o_proj, *mlp]
+        attn = self.latent.linears() if self.latent is not None else [self.qkv, self.o_proj]
+        return [*attn, *mlp]
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata):
@@ -93,6 +101,24 @@ class DecoderLayer:
             h = kernels.rms_norm(x, self.input_norm, self.eps)
         else:
             h, residual = kernels.rms_norm(x, self.input_norm, self.eps, residual)
+        if self.latent is not None:  # k_cache is v_cache: the layer's latent rows
+            h = self.latent(h, k_cache, meta)
+        else:
+            h = self._attention(h, k_cache, v_cache, meta)
+        if self.sandwich:
+            h = kernels.rms_norm(h, self.attn_out_norm, self.eps)
+        h, residual = kernels.rms_norm(h, self.post_norm, self.eps, residual)
+        if self.moe is not None:
+            h = self.moe(h)
+        else:
+            gate_up = self.gate_up(h)
+            h = self.down(_gelu_and_mul(gate_up) if self.gelu else kernels.silu_and_mul(gate_up))
+        if self.sandwich:
+            h = kernels.rms_norm(h, self.mlp_out_norm, self.eps)
+        return h, residual
+
+    def _attention(self, h: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   meta: AttentionMetadata) -> torch.Tensor:
         t = h.shape[0]
         qkv = self.qkv(h)
         nq, nk = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -106,18 +132,7 @@ class DecoderLayer:
         q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, nq + nk:].view(t, self.num_kv_heads, self.head_dim)
         attn = self.attn(q, k, v, k_cache, v_cache, meta)
-        h = self.o_proj(attn.reshape(t, nq))
-        if self.sandwich:
-            h = kernels.rms_norm(h, self.attn_out_norm, self.eps)
-        h, residual = kernels.rms_norm(h, self.post_norm, self.eps, residual)
-        if self.moe is not None:
-            h = self.moe(h)
-        else:
-            gate_up = self.gate_up(h)
-            h = self.down(_gelu_and_mul(gate_up) if self.gelu else kernels.silu_and_mul(gate_up))
-        if self.sandwich:
-            h = kernels.rms_norm(h, self.mlp_out_norm, self.eps)
-        return h, residual
+        return self.o_proj(attn.reshape(t, nq))
 
     def _head_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         t = x.shape[0]
@@ -132,6 +147,9 @@ def _gelu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 class LlamaModel:
     """Inference-only: plain tensors, no autograd, no nn.Module bookkeeping per call."""
+
+    keep_prenorm = False  # forward keeps its last hidden states before the final norm
+    prenorm: torch.Tensor | None = None
 
     def __init__(self, cfg: ModelConfig, weights: Mapping[str, torch.Tensor],
                  device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -185,7 +203,9 @@ class LlamaModel:
             residual = None
             for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
                 x, residual = layer.forward(x, residual, k_cache, v_cache, meta)
-        x, _ = kernels.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        x, prenorm = kernels.rms_norm(x, self.norm, self.cfg.rms_norm_eps, residual)
+        if self.keep_prenorm:  # the hidden states before the final norm (an MTP drafter's)
+            self.prenorm = prenorm
         return x
 
     @torch.inference_mode()

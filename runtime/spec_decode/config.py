@@ -1,4 +1,4 @@
-"""`--spec off|ngram|self:L|draft:PATH`, parsed once at engine start."""
+"""`--spec off|ngram|self:L|draft:PATH|mtp[:K]`, parsed once at engine start."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "off"  # off | ngram | self | draft
+    method: str = "off"  # off | ngram | self | draft | mtp
     num_layers: int = 0  # self: the target's first L layers draft
     draft_path: str | None = None  # draft: a GGUF file or HF folder with the same vocabulary
     num_tokens: int = 4  # the most tokens proposed per request per step
@@ -28,4 +28,9 @@ class SpecConfig:
             return cls("self", num_layers=int(arg), num_tokens=num_tokens, max_batch=max_batch)
         if kind == "draft" and arg:
             return cls("draft", draft_path=arg, num_tokens=num_tokens, max_batch=max_batch)
-        raise ValueError(f"--spec must be off, ngram, self:L (L > 0) or draft:PATH, got {text!r}")
+        if text == "mtp" or kind == "mtp" and arg.isdigit() and int(arg) > 0:
+            # the checkpoint's multi-token-prediction module (DeepSeek-V3/R1), applied on its
+            # own output for K > 1 drafts (K: the most proposed per step, else num_tokens)
+            return cls("mtp", num_tokens=int(arg) if arg else num_tokens, max_batch=max_batch)
+        raise ValueError(f"--spec must be off, ngram, self:L (L > 0), draft:PATH or mtp[:K] "
+                         f"(K > 0), got {text!r}")

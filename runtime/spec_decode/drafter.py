@@ -19,12 +19,15 @@ import torch
 from runtime.loading.loader import load_checkpoint
 from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.config import SpecConfig
+from runtime.spec_decode.mtp_drafter import MTPDrafter
 
 if TYPE_CHECKING:
     from runtime.scheduling.request import Request
 
 
 class ModelDrafter:
+    follows_target = False  # nothing to do after the target's step (an MTP drafter has)
+
     def __init__(self, runner, model, kv_caches, catch_up: bool):
         self.runner = runner
         self.model = model
@@ -57,6 +60,9 @@ class ModelDrafter:
     def forget(self, request_ids: Sequence[str]) -> None:
         for rid in request_ids:
             self._written.pop(rid, None)
+
+    def observe(self, batch, requests, hidden, last_index, result) -> None:
+        """Nothing: a draft model catches up in `propose` (only an MTP drafter follows)."""
 
     @torch.inference_mode()
     def propose(self, out: SchedulerOutput, requests: Mapping[str, Request]
@@ -104,15 +110,22 @@ class ModelDrafter:
             drafts[s.request_id].append(token)
 
 
+Drafter = ModelDrafter | MTPDrafter  # what the runner calls: propose, forget (and observe)
+
+
 def _decode(s: ScheduledRequest, offset: int, token: int) -> ScheduledRequest:
     """One token of a speculating request at `offset` past its start: the draft model's
     input for its next draft."""
     return ScheduledRequest(s.request_id, s.start_position + offset, (token,), s.block_ids)
 
 
-def make_drafter(spec: SpecConfig, runner) -> ModelDrafter | None:
-    """The drafter `--spec` asks for: the target's first layers, a draft model, or none (n-gram
-    proposals and no speculation need no model)."""
+def make_drafter(spec: SpecConfig, runner, weights: Mapping[str, torch.Tensor] | None = None
+                 ) -> Drafter | None:
+    """The drafter `--spec` asks for: the target's first layers, a draft model, the
+    checkpoint's multi-token-prediction layer (from `weights`, the target's checkpoint), or
+    none (n-gram proposals and no speculation need no model)."""
+    if spec.method == "mtp":
+        return MTPDrafter(runner, weights)
     if spec.method == "self":
         return ModelDrafter.self_draft(runner, spec.num_layers)
     if spec.method == "draft":

@@ -32,6 +32,13 @@ class SpecState:
     num_accepted: int = 0
 
 
+def never_speculates(params) -> bool:
+    """Requests that need one distribution per step (logprobs, penalties) or opted out: kept
+    exact and simple, never given proposals."""
+    return bool(params.logprobs or params.top_logprobs or params.needs_penalties
+                or not params.speculative)
+
+
 def expected_tokens(rate: float, k: int) -> float:
     return sum(rate ** i for i in range(k + 1))
 
@@ -55,9 +62,8 @@ class Governor:
 
     def num_tokens(self, request) -> int:
         """Draft length for this request now (0: decode normally)."""
-        p = request.params
-        if p.logprobs or p.top_logprobs or p.needs_penalties or not p.speculative:
-            return 0  # these need one distribution per step; keep them exact and simple
+        if never_speculates(request.params):
+            return 0
         if grammar_waits(request):  # no mask yet for proposals past the thought's end
             return 0
         state = request.spec
