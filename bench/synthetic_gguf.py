@@ -24,6 +24,8 @@ PRESETS = {"3b": {"hidden": 3072, "layers": 28, "heads": 24, "kv_heads": 8, "ffn
            "tiny": {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 512,
                     "vocab": 1000}}
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# a few byte-pair merges: llama.cpp refuses a BPE vocabulary without any
+MERGES = ["Ġ t", "h e", "i n", "Ġ a", "Ġt he"]
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
           "'<|im_end|>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -40,8 +42,9 @@ def _vocabulary(size: int) -> list[str]:
     from contract.tokenizer import _byte_decoder
 
     symbols = sorted(_byte_decoder(), key=_byte_decoder().get)  # GPT-2's 256 byte symbols
-    plain = [f"Ġw{i}" for i in range(size - len(SPECIALS) - len(symbols))]
-    return SPECIALS + symbols + plain
+    merged = [m.replace(" ", "") for m in MERGES]
+    plain = [f"Ġw{i}" for i in range(size - len(SPECIALS) - len(symbols) - len(merged))]
+    return SPECIALS + symbols + merged + plain
 
 
 def write(path: Path, shape: dict, kind: gguf.GGMLQuantizationType, seed: int = 0) -> None:
@@ -62,7 +65,7 @@ def write(path: Path, shape: dict, kind: gguf.GGMLQuantizationType, seed: int = 
     writer.add_token_list(tokens)
     writer.add_token_types([gguf.TokenType.CONTROL if t in SPECIALS else gguf.TokenType.NORMAL
                             for t in tokens])
-    writer.add_token_merges([])
+    writer.add_token_merges(MERGES)
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_chat_template(CHATML)
