@@ -23,6 +23,7 @@ from runtime.execution.runner import ModelRunner
 from runtime.execution.thread_governor import ThreadGovernor
 from runtime.kv.disk_cache import DiskKVCache
 from runtime.kv.manager import KVCacheManager
+from runtime.loading.heap import release_freed_heap
 from runtime.loading.loader import Checkpoint, load_checkpoint
 from runtime.request_outputs import count_spec, finish_status, request_output, timing
 from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
@@ -68,6 +69,7 @@ class LLMEngine:
                                       if self.runner.device.type == "cpu" else "fixed")
         self.overlap = overlap_enabled(config.overlap, self.runner.device)
         self.inflight: InFlight | None = None  # the step launched last, not read back yet
+        release_freed_heap()  # the load's temporaries, back to the operating system
 
     @property
     def model_id(self) -> str:
