@@ -12,7 +12,6 @@ error middleware translates the gateway's APIError there); one after the stream 
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 from contextlib import aclosing
 
@@ -38,8 +37,8 @@ from gateway.errors import APIError
 from gateway.http.auth import authenticate
 from gateway.http.completions import InterTokenClock, StreamGuard, response_headers, usage_of
 from gateway.http.error_middleware import json_response
+from gateway.http.named_events import NamedEventStream
 from gateway.http.request_body import generation, read_json, trace_context, validate
-from gateway.http.sse import SSEStream, encode_named_event
 from gateway.openai.reasoning import ReasoningSplit, prompt_opens_think, reasoning_split_for
 from gateway.openai.requests import GenerationRequest, parse_chat_request
 from gateway.serving.accounting import wait_committed
@@ -51,10 +50,6 @@ from gateway.state import STATE, GatewayState
 def chat_request(state: GatewayState, chat_body: dict) -> GenerationRequest:
     """The one call into the chat parser: its checks and the model's sampling defaults."""
     return parse_chat_request(chat_body, state.sampling_defaults)
-
-
-def encode(events: list[dict]) -> bytes:
-    return b"".join(encode_named_event(e["type"], e) for e in events)
 
 
 class Turn:
@@ -124,54 +119,23 @@ async def respond_json(turn: Turn) -> web.Response:
     return json_response(body, headers=response_headers(gen))
 
 
-class MessageStream:
-    """One streamed message. It opens lazily, so a refusal before the first event keeps its
-    HTTP status; once open, an error becomes an `error` event."""
+class MessageStream(NamedEventStream):
+    """One streamed message; once open, an error becomes an `error` event."""
 
     def __init__(self, request: web.Request, turn: Turn):
-        self.request, self.turn, self.gen = request, turn, turn.gen
-        self.state = turn.state
+        self.turn = turn
         self.events = MessageEvents(turn.shell, turn.reader(), len(turn.gen.prompt),
                                     turn.split())
-        self.sse: SSEStream | None = None
-        self.opening = asyncio.Lock()
-
-    async def open(self) -> SSEStream:
-        async with self.opening:  # the keep-alive task may race the first delta
-            if self.sse is None:
-                sse = await SSEStream.open(self.request, response_headers(self.gen))
-                self.state.open_responses.add(sse.response)
-                self.sse = sse
-                await sse.send_bytes(encode(self.events.opening()))
-        return self.sse
+        super().__init__(request, turn.state, turn.gen, self.events.opening)
 
     async def send(self, events: list[dict]) -> bool:
-        """Send events (after the opening ones); False when the client is gone."""
-        sse = await self.open()
-        if not events:
-            return not sse.closed
-        return await sse.send_bytes(encode(events))
+        return await self.send_events(events)
 
     async def keepalive(self) -> bool:
         return await self.send([{"type": "ping"}])  # Anthropic's keep-alive
 
-    async def run(self) -> web.StreamResponse:
-        config = self.state.config
-        guard = StreamGuard(config.keepalive_seconds, config.send_timeout_seconds,
-                            self.keepalive, lambda: self.sse)
-        try:
-            await self._stream(guard)
-            assert self.sse is not None
-            return self.sse.response
-        except APIError as exc:
-            if self.sse is None:
-                raise
-            await self.sse.send_bytes(encode([error_event(exc)]))
-            return self.sse.response
-        finally:
-            await guard.stop()
-            if self.sse is not None:
-                self.state.open_responses.discard(self.sse.response)
+    def _failure(self, exc: APIError) -> list[dict]:
+        return [error_event(exc)]
 
     async def _stream(self, guard: StreamGuard) -> None:
         itl = InterTokenClock(self.state)

@@ -8,7 +8,6 @@ answer differs: a Response object, or its typed events over SSE with `event:` li
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 from collections.abc import Callable
 from contextlib import aclosing
@@ -28,8 +27,8 @@ from gateway.http.completions import (
     usage_of,
 )
 from gateway.http.error_middleware import json_response
+from gateway.http.named_events import NamedEventStream, encode
 from gateway.http.request_body import generation, trace_context, validate
-from gateway.http.sse import SSEStream, encode_named_event
 from gateway.openai.reasoning import ReasoningSplit
 from gateway.openai.reasoning import split_piece as split_reasoning
 from gateway.openai.requests import GenerationRequest, parse_chat_request
@@ -151,30 +150,15 @@ async def respond_json(turn: Turn, gen: InFlightRequest) -> web.Response:
                          headers=response_headers(gen))
 
 
-def encode(events: list[dict]) -> bytes:
-    return b"".join(encode_named_event(e["type"], e) for e in events)
-
-
-class ResponseStream:
-    """One streamed response. It opens lazily, so a refusal before the first event keeps its
-    HTTP status; once open, an error becomes an `error` event and response.failed."""
+class ResponseStream(NamedEventStream):
+    """One streamed response; once open, an error becomes an `error` event and
+    response.failed."""
 
     def __init__(self, request: web.Request, turn: Turn, gen: InFlightRequest):
-        self.request, self.turn, self.gen = request, turn, gen
-        self.state = turn.state
+        self.turn = turn
         self.thoughts = Thoughts(turn.state, gen)
         self.events = ResponseEvents(turn.shell, lazy=self.thoughts.split is not None)
-        self.sse: SSEStream | None = None
-        self.opening = asyncio.Lock()
-
-    async def open(self) -> SSEStream:
-        async with self.opening:  # the keep-alive task may race the first delta
-            if self.sse is None:
-                sse = await SSEStream.open(self.request, response_headers(self.gen))
-                self.state.open_responses.add(sse.response)
-                self.sse = sse
-                await sse.send_bytes(encode(self.events.opening()))
-        return self.sse
+        super().__init__(request, turn.state, gen, self.events.opening)
 
     async def send(self, make: Callable[..., list[dict]], *args) -> bool:
         """Send the events `make(*args)` returns, made after the opening ones so that their
@@ -185,23 +169,8 @@ class ResponseStream:
     async def keepalive(self) -> bool:
         return await (await self.open()).keepalive()
 
-    async def run(self) -> web.StreamResponse:
-        config = self.state.config
-        guard = StreamGuard(config.keepalive_seconds, config.send_timeout_seconds,
-                            self.keepalive, lambda: self.sse)
-        try:
-            await self._stream(guard)
-            return self.sse.response
-        except APIError as exc:
-            if self.sse is None:
-                raise
-            await self.send(self.events.failed, exc, self.thoughts.text,
-                            self.thoughts.reasoning)
-            return self.sse.response
-        finally:
-            await guard.stop()
-            if self.sse is not None:
-                self.state.open_responses.discard(self.sse.response)
+    def _failure(self, exc: APIError) -> list[dict]:
+        return self.events.failed(exc, self.thoughts.text, self.thoughts.reasoning)
 
     async def _stream(self, guard: StreamGuard) -> None:
         itl = InterTokenClock(self.state)

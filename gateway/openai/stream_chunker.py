@@ -126,12 +126,7 @@ class StreamChunker:
             reason = finish_reason(reason, reader) if reason is not None else None
         elif content:
             out.append(self._chat(i, {"content": content}, None))
-        if delta.logprobs:  # the tokens' logprobs ride on the first chunk they produced
-            formatted = chat_logprobs(delta.logprobs)
-            if out:
-                out[0]["choices"][0]["logprobs"] = formatted
-            else:
-                out.append(self._chat(i, {}, None, formatted))
+        self._attach_logprobs(i, out, delta.logprobs)
         if reason is not None:
             out.append(self._chat(i, {}, cast(FinishReason, reason)))
         return out
@@ -141,16 +136,22 @@ class StreamChunker:
         if delta.finish_reason is not None:
             parsed.extend(reader.finish())
         out = self._parsed_chunks(i, parsed)
-        if delta.logprobs:  # the tokens' logprobs ride on the first chunk they produced
-            formatted = chat_logprobs(delta.logprobs)
-            if out:
-                out[0]["choices"][0]["logprobs"] = formatted
-            else:
-                out.append(self._chat(i, {}, None, formatted))
+        self._attach_logprobs(i, out, delta.logprobs)
         if delta.finish_reason is not None:
             reason = cast(FinishReason, finish_reason(delta.finish_reason, reader))  # once
             out.append(self._chat(i, {}, reason))
         return out
+
+    def _attach_logprobs(self, i: int, out: list[ChatCompletionChunk], logprobs) -> None:
+        """The tokens' logprobs ride on the first chunk they produced (a chunk of their own
+        where they produced none)."""
+        if not logprobs:
+            return
+        formatted = chat_logprobs(logprobs)
+        if out:
+            out[0]["choices"][0]["logprobs"] = formatted
+        else:
+            out.append(self._chat(i, {}, None, formatted))
 
     def _parsed_chunks(self, i: int, parsed: Parsed) -> list[ChatCompletionChunk]:
         out = [self._chat(i, {"content": parsed.content}, None)] if parsed.content else []
