@@ -1,24 +1,15 @@
 """Read a Hugging Face model folder: config.json, *.safetensors (sharded or not), tokenizer.
 
-Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE) have their expert tensors put under
-one set of names, the Hub's Qwen form `model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight`
-and `mlp.gate.weight`: Mixtral's `block_sparse_moe.experts.E.w1/w3/w2` are renamed, and the
-stacked 3-D tensors transformers 5 holds in memory (`mlp.experts.gate_up_proj` [E, 2I, H],
-`mlp.experts.down_proj` [E, H, I]), should a folder have them, are split per expert (views).
-
-DeepSeek-V2/V3 (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`) attend with Multi-head Latent
-Attention (runtime/models/mla.py): their MLA keys are read here, their block-scaled FP8 weights
-(DeepSeek-V3/R1 as shipped) dequantized at load (runtime/loading/fp8.py), the rows making the
-rotated query/key parts permuted from DeepSeek's interleaved pairs to the halves our rotary
-kernel rotates (`rope_halves`), and the multi-token-prediction layer's tensors
-(`num_nextn_predict_layers`) kept for `--spec mtp` (runtime/models/mtp.py), else skipped by
-name with a log line."""
+Mixture-of-experts families (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek) have their MoE fields and
+expert tensor names from runtime/loading/hf_experts.py; DeepSeek-V2/V3's Multi-head Latent
+Attention keys, rotated rows and multi-token-prediction layers from
+runtime/loading/hf_deepseek.py; block-scaled FP8 weights (DeepSeek-V3/R1 as shipped) are
+dequantized at load (runtime/loading/fp8.py)."""
 from __future__ import annotations
 
 import glob
 import logging
 import os
-import re
 
 import torch
 
@@ -28,6 +19,13 @@ from contract.json_files import read_json
 from contract.rope import RopeScalingError, rope_from_hf
 from contract.tokenizer import Tokenizer
 from runtime.loading.fp8 import FP8Error, dequantize_checkpoint
+from runtime.loading.hf_deepseek import (
+    latent_attention_traits,
+    rope_halves,
+    rope_interleaved,
+    skip_mtp_layers,
+)
+from runtime.loading.hf_experts import expert_names, expert_tensors, moe_traits
 
 log = logging.getLogger("runtime.startup")
 
@@ -44,11 +42,6 @@ ARCHITECTURES = {
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
 }
-LATENT_ATTENTION_ARCHITECTURES = ("deepseek_v2", "deepseek_v3")
-# config keys of DeepSeek attention variants we do not implement (V3.2's sparse attention
-# indexer): a folder with them is refused, not served as plain MLA
-_UNSERVED_MLA_KEYS = ("index_topk", "index_n_heads", "index_head_dim")
-MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 # config.json's activation names for the MLP gate, as ModelConfig.hidden_act names them
 HIDDEN_ACTS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
@@ -66,7 +59,7 @@ def read_hf_folder(folder: str, keep_mtp: bool = False
     weights = read_safetensors(folder)
     mtp_layers = int(raw.get("num_nextn_predict_layers") or 0)
     if config.is_latent_attention and not keep_mtp:  # before dequantizing: not needed
-        _skip_mtp_layers(weights, config, mtp_layers)
+        skip_mtp_layers(weights, config, mtp_layers)
     quantization = raw.get("quantization_config")
     if quantization is not None and quantization.get("quant_method") != "fp8":
         raise ModelLoadError(f"{folder}: quantization_config quant_method "
@@ -75,7 +68,7 @@ def read_hf_folder(folder: str, keep_mtp: bool = False
         dequantize_checkpoint(weights, quantization)
     except FP8Error as e:
         raise ModelLoadError(f"{folder}: {e}") from e
-    if config.is_latent_attention and _rope_interleaved(config.architecture, raw):
+    if config.is_latent_attention and rope_interleaved(config.architecture, raw):
         rope_halves(weights, config, mtp_layers if keep_mtp else 0)  # after dequantizing
     if config.num_experts:
         weights = expert_names(weights)
@@ -169,171 +162,6 @@ def _family_traits(arch: str, raw: dict, layers: int, local_rope: dict | None) -
     return traits
 
 
-def latent_attention_traits(arch: str, raw: dict) -> dict:
-    """The Multi-head Latent Attention fields of ModelConfig ({} for other families); a
-    DeepSeek config without its MLA keys, or with a variant's we do not implement, is
-    refused by name."""
-    if arch not in LATENT_ATTENTION_ARCHITECTURES:
-        return {}
-    unserved = [k for k in _UNSERVED_MLA_KEYS if raw.get(k)]
-    if unserved:
-        raise ValueError(f"DeepSeek attention with {', '.join(unserved)} (sparse attention) "
-                         "is not served")
-    if not raw.get("kv_lora_rank"):
-        raise ValueError("kv_lora_rank is missing (a DeepSeek model without latent attention "
-                         "is not served)")
-    return {"kv_lora_rank": int(raw["kv_lora_rank"]),
-            "q_lora_rank": int(raw.get("q_lora_rank") or 0),
-            "qk_nope_head_dim": int(raw["qk_nope_head_dim"]),
-            "qk_rope_head_dim": int(raw["qk_rope_head_dim"]),
-            "v_head_dim": int(raw["v_head_dim"])}
-
-
-def rope_halves(weights: dict[str, torch.Tensor], config: ModelConfig,
-                mtp_layers: int = 0) -> None:
-    """DeepSeek rotates interleaved pairs (x0, x1), (x2, x3), ... of each rotated part; our
-    rotary kernel rotates halves (x_i with x_{i + d/2}). Permuting the rows that make each
-    rotated part to [x0, x2, ... | x1, x3, ...] (the query's per head, the shared key's once)
-    makes one rotation the other, and both q and k get it, so every q . k is unchanged."""
-    rope, nope, rank = config.qk_rope_head_dim, config.qk_nope_head_dim, config.kv_lora_rank
-    perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)])
-    heads = config.num_attention_heads
-    for i in range(config.num_hidden_layers + mtp_layers):  # the MTP layers' attention too
-        a = f"model.layers.{i}.self_attn."
-        q = a + ("q_b_proj.weight" if config.q_lora_rank else "q_proj.weight")
-        for name in (q, q.removesuffix("weight") + "bias"):
-            if name in weights:
-                t = weights[name]
-                per_head = t.reshape(heads, nope + rope, *t.shape[1:]).clone()
-                per_head[:, nope:] = per_head[:, nope:][:, perm]
-                weights[name] = per_head.reshape(t.shape)
-        for name in (a + "kv_a_proj_with_mqa.weight", a + "kv_a_proj_with_mqa.bias"):
-            if name in weights:
-                t = weights[name].clone()
-                t[rank:] = t[rank:][perm]
-                weights[name] = t
-
-
-def _rope_interleaved(arch: str, raw: dict) -> bool:
-    """Whether the checkpoint rotates interleaved pairs: DeepSeek-V2 always (its reference
-    rotates complex pairs and reads no key for it), V3 unless `rope_interleave` is false."""
-    return arch == "deepseek_v2" or bool(raw.get("rope_interleave", True))
-
-
-def _skip_mtp_layers(weights: dict[str, torch.Tensor], config: ModelConfig,
-                     mtp_layers: int) -> None:
-    """Drop the multi-token-prediction layers' tensors (DeepSeek-V3 numbers them after the
-    decoder's: model.layers.61.* of 61 layers), with a log line: only `--spec mtp` uses them."""
-    if not mtp_layers:
-        return
-    n = config.num_hidden_layers
-    prefixes = tuple(f"model.layers.{n + i}." for i in range(mtp_layers))
-    dropped = [name for name in weights if name.startswith(prefixes)]
-    for name in dropped:
-        del weights[name]
-    if dropped:
-        log.info("skipped %d tensors of %d multi-token-prediction layer(s) (%s*): only "
-                 "--spec mtp drafts with them", len(dropped), mtp_layers, prefixes[0])
-
-
-def moe_traits(arch: str, raw: dict, layers: int) -> dict:
-    """The mixture-of-experts fields of ModelConfig a config.json implies ({} for a dense
-    family). Router settings we do not serve are refused by name, never served another way.
-    The DeepSeek branch: V2's softmax, V3's sigmoid with the correction bias."""
-    if arch == "mixtral":  # every layer; softmax over the top k logits
-        experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
-        return _moe(experts, raw, moe_intermediate_size=int(raw["intermediate_size"]),
-                    router="softmax_topk", router_normalizes=True)
-    if arch in ("qwen2_moe", "qwen3_moe"):
-        experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
-        step = int(raw.get("decoder_sparse_step") or 1)
-        dense = {int(i) for i in raw.get("mlp_only_layers") or ()}
-        flags = tuple(i not in dense and (i + 1) % step == 0 for i in range(layers))
-        traits = _moe(experts, raw, moe_intermediate_size=int(
-            raw["moe_intermediate_size"]), router="softmax_topk",
-            router_normalizes=bool(raw.get("norm_topk_prob", False)), moe_layers=flags)
-        shared = int(raw.get("shared_expert_intermediate_size") or 0)
-        if arch == "qwen2_moe" and shared and traits:  # always gated in Qwen2-MoE
-            traits.update(shared_expert_intermediate_size=shared, shared_expert_gated=True)
-        return traits
-    if arch in ("deepseek_v2", "deepseek_v3"):
-        return _deepseek_moe(arch, raw, layers)
-    return {}
-
-
-def _moe(experts: int, raw: dict, **traits) -> dict:
-    """(Mixtral's router_jitter_noise acts in training only: nothing to serve.)"""
-    if not experts:
-        return {}
-    k = raw.get("num_experts_per_tok")
-    if k is None:
-        raise ValueError("num_experts_per_tok is missing")
-    return {"num_experts": experts, "experts_per_token": int(k), **traits}
-
-
-def _deepseek_moe(arch: str, raw: dict, layers: int) -> dict:
-    experts = int(raw.get("n_routed_experts") or 0)
-    if not experts:
-        return {}
-    scoring = raw.get("scoring_func") or ("sigmoid" if arch == "deepseek_v3" else "softmax")
-    method = raw.get("topk_method") or ("noaux_tc" if arch == "deepseek_v3" else "greedy")
-    normalize = bool(raw.get("norm_topk_prob", arch == "deepseek_v3"))
-    if (scoring, method) == ("sigmoid", "noaux_tc"):
-        router = "sigmoid_group_topk"
-    elif (scoring, method) == ("softmax", "greedy"):
-        router = "softmax_topk"
-    elif (scoring, method) == ("softmax", "group_limited_greedy"):
-        router = "softmax_group_topk"
-    else:
-        raise ValueError(f"router scoring_func {scoring!r} with topk_method {method!r} "
-                         "is not served")
-    if scoring == "softmax" and normalize:
-        # DeepSeek-V2's own code then skips routed_scaling_factor, transformers' ignores
-        # norm_topk_prob: the references disagree, so neither is guessed
-        raise ValueError("norm_topk_prob with DeepSeek-V2's softmax router is not served")
-    first_dense = int(raw.get("first_k_dense_replace") or 0)
-    freq = int(raw.get("moe_layer_freq") or 1)
-    grouped = router != "softmax_topk"
-    return {"num_experts": experts, "experts_per_token": int(raw["num_experts_per_tok"]),
-            "moe_intermediate_size": int(raw["moe_intermediate_size"]),
-            "shared_expert_intermediate_size":
-                int(raw["moe_intermediate_size"]) * int(raw.get("n_shared_experts") or 0),
-            "router": router, "router_normalizes": normalize,
-            "routed_scaling_factor": float(raw.get("routed_scaling_factor") or 1.0),
-            "router_groups": int(raw.get("n_group") or 1) if grouped else 1,
-            "router_groups_kept": int(raw.get("topk_group") or 1) if grouped else 1,
-            "moe_layers": tuple(i >= first_dense and i % freq == 0 for i in range(layers))}
-
-
-def expert_names(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The experts' tensors under the Hub's Qwen names (the module's text): Mixtral's renamed,
-    transformers' stacked [E, ...] tensors split per expert (views, no copy)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in weights.items():
-        name = name.replace(".block_sparse_moe.", ".mlp.")
-        m = _MIXTRAL_EXPERT.fullmatch(name)
-        if m:
-            name = f"{m.group(1)}{_MIXTRAL_PARTS[m.group(2)]}.weight"
-        m = _STACKED_EXPERTS.fullmatch(name)
-        if m and t.dim() == 3:
-            prefix, part = m.group(1), m.group(2)
-            for e in range(t.shape[0]):
-                if part == "gate_up_proj":
-                    gate, up = t[e].chunk(2, dim=0)
-                    out[f"{prefix}{e}.gate_proj.weight"] = gate
-                    out[f"{prefix}{e}.up_proj.weight"] = up
-                else:
-                    out[f"{prefix}{e}.down_proj.weight"] = t[e]
-            continue
-        out[name] = t
-    return out
-
-
-_MIXTRAL_EXPERT = re.compile(r"(.*\.mlp\.experts\.\d+\.)(w1|w2|w3)\.weight")
-_MIXTRAL_PARTS = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-_STACKED_EXPERTS = re.compile(r"(.*\.mlp\.experts\.)(gate_up_proj|down_proj)(?:\.weight)?")
-
-
 def _windows(raw: dict, layers: int) -> tuple[int, ...]:
     """Each layer's attention window (0: global), () when no layer has one."""
     window = int(raw.get("sliding_window") or 0)
@@ -389,7 +217,7 @@ def _check_weights(config: ModelConfig, weights: dict, folder: str) -> None:
         elif p + "self_attn.qkv_proj.weight" not in weights:
             needed += [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
         if config.is_moe_layer(i):
-            needed += _expert_tensors(config, p + "mlp.", weights)
+            needed += expert_tensors(config, p + "mlp.", weights)
         elif p + "mlp.gate_up_proj.weight" not in weights:
             needed += [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight",
                        p + "mlp.down_proj.weight"]
@@ -406,22 +234,6 @@ def _check_weights(config: ModelConfig, weights: dict, folder: str) -> None:
                              f"{' and more' if len(missing) > 5 else ''}")
     if config.tie_word_embeddings:  # one convention for callers: tied => no lm_head entry
         weights.pop("lm_head.weight", None)
-
-
-def _expert_tensors(config: ModelConfig, m: str, weights: dict) -> list[str]:
-    """The tensors a MoE layer with prefix `m` ("model.layers.N.mlp.") is built from."""
-    names = [m + "gate.weight"]
-    names += [f"{m}experts.{e}.{part}_proj.weight" for e in range(config.num_experts)
-              for part in ("gate", "up", "down")]
-    if config.shared_expert_intermediate_size:
-        s = m + ("shared_experts." if m + "shared_experts.down_proj.weight" in weights
-                 else "shared_expert.")
-        names += [f"{s}{part}_proj.weight" for part in ("gate", "up", "down")]
-        if config.shared_expert_gated:
-            names.append(m + "shared_expert_gate.weight")
-    if config.router == "sigmoid_group_topk":
-        names.append(m + "gate.e_score_correction_bias")
-    return names
 
 
 def _id_list(value) -> list[int]:
