@@ -1,17 +1,36 @@
 """What a GGUF's metadata and tensor names mean for each architecture we serve: the
 `ModelConfig` its `{arch}.*` keys describe and the Hugging Face name of each tensor. An
 architecture, a tensor or a rope scaling we do not serve is refused by name.
+
+Mixtures of experts as llama.cpp's converter writes them: `qwen3moe`, `llama` with
+`expert_count` (Mixtral) and `deepseek2` (DeepSeek-V2/V3, Multi-head Latent Attention). Their
+config is the Hugging Face family's (`qwen3_moe`, `mixtral`, `deepseek_v2` / `deepseek_v3` by
+the gating function), so the model code is the one the Hugging Face folders run. Each layer's
+routed experts are one stacked 3-D tensor per projection (`ffn_{gate,up,down}_exps`, [E, N, K]
+in torch order): `expert_names` names each expert's slice, which runtime/loading/gguf.py reads
+as a matrix of its own (expert e's blocks are a contiguous byte range of the stack). A layer is
+a MoE layer where the file has its router (`ffn_gate_inp`), so DeepSeek's leading dense layers
+and Qwen's `mlp_only_layers` need no key. DeepSeek's keys follow either converter: the newer
+writes the MLA cache's widths as `key_length` / `value_length` (kv_lora_rank + rope,
+kv_lora_rank), one KV head, the per-head widths as `key_length_mla` / `value_length_mla`, and
+splits `attn_kv_b` into `attn_k_b` (transposed) and `attn_v_b`; the older writes the per-head
+widths as `key_length` / `value_length` and keeps `attn_kv_b`. Its YaRN keeps only DeepSeek's
+`mscale_all_dim` (`rope.scaling.yarn_log_multiplier` = 0.1 x it) and llama.cpp runs it with the
+rotary tables unscaled, i.e. as if `mscale` were the same: so is it read here.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
 from contract.config import ModelConfig
 from contract.errors import ModelLoadError
-from contract.rope import RopeScalingError, rope_from_gguf
+from contract.rope import RopeScaling, RopeScalingError, rope_from_gguf
 
-ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3")
+ARCHITECTURES = ("llama", "qwen2", "mistral", "qwen3", "phi3", "gemma3", "qwen3moe", "deepseek2")
+# the architectures whose files may hold routed experts
+EXPERT_ARCHITECTURES = ("llama", "qwen3moe", "deepseek2")
 # llama.cpp's converter interleaves Q/K rows for these (its rotary pairs adjacent dims)
 PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
@@ -33,6 +52,21 @@ _LAYER_NAMES = {
 _ARCH_LAYER_NAMES = {
     "qwen3": {"attn_q_norm.weight": "self_attn.q_norm.weight",
               "attn_k_norm.weight": "self_attn.k_norm.weight"},
+    "qwen3moe": {"attn_q_norm.weight": "self_attn.q_norm.weight",
+                 "attn_k_norm.weight": "self_attn.k_norm.weight",
+                 "ffn_gate_inp.weight": "mlp.gate.weight"},
+    "llama": {"ffn_gate_inp.weight": "mlp.gate.weight"},  # Mixtral's router
+    "deepseek2": {"attn_q_a.weight": "self_attn.q_a_proj.weight",
+                  "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+                  "attn_q_b.weight": "self_attn.q_b_proj.weight",
+                  "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+                  "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+                  "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
+                  "ffn_gate_inp.weight": "mlp.gate.weight",
+                  "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+                  "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+                  "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+                  "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"},
     # Phi-3 keeps q/k/v and gate/up fused (gate first, as ours); its ffn_up is both
     "phi3": {"attn_qkv.weight": "self_attn.qkv_proj.weight",
              "ffn_up.weight": "mlp.gate_up_proj.weight"},
@@ -66,6 +100,8 @@ def config_from_metadata(meta: dict, tensors: dict,
                              "read")
     try:
         rope = rope_from_gguf(meta, arch, rope_factors)
+        if arch == "deepseek2":
+            rope = _deepseek_rope(meta, rope)
     except RopeScalingError as e:
         raise ModelLoadError(str(e)) from e
 
@@ -79,31 +115,152 @@ def config_from_metadata(meta: dict, tensors: dict,
     layers = int(key("block_count"))
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", ()))
     hidden = int(key("embedding_length"))
+    moe = _moe_traits(arch, meta, tensors, layers, key)
+    latent = _latent_attention_traits(meta, tensors, key) if arch == "deepseek2" else {}
     return ModelConfig(
-        architecture=arch,
+        architecture=_family(arch, moe),
         vocab_size=int(vocab or tensors["token_embd.weight"].shape[0]),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        num_key_value_heads=int(key("attention.head_count_kv", heads)),
+        # latent attention: every head reads the one latent (the file's head_count_kv is 1
+        # in the newer converter's form, the heads in the older's)
+        num_key_value_heads=heads if latent else int(key("attention.head_count_kv", heads)),
         max_position_embeddings=int(key("context_length")),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
-        head_dim=meta.get(f"{arch}.attention.key_length"),
+        head_dim=latent.get("qk_rope_head_dim", meta.get(f"{arch}.attention.key_length")),
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(i for i in [meta.get("tokenizer.ggml.eos_token_id")] if i is not None),
         weight_format=_weight_format(tensors),
         rope_scaling=rope,
         **_family_traits(arch, meta, tensors, layers, hidden),
+        **moe,
+        **latent,
     )
+
+
+def _family(arch: str, moe: dict) -> str:
+    """The Hugging Face family the file's model is (the same model code serves both)."""
+    if arch == "deepseek2":
+        return "deepseek_v3" if moe.get("router") == "sigmoid_group_topk" else "deepseek_v2"
+    if moe:
+        return {"llama": "mixtral", "qwen3moe": "qwen3_moe"}[arch]
+    return arch
+
+
+# llama.cpp's expert_gating_func values (gguf.ExpertGatingFuncType); 0: not written, which
+# llama.cpp reads as softmax (DeepSeek-V2 files predate the key)
+_GATING = {0: "softmax", 1: "softmax", 2: "sigmoid"}
+
+
+def _moe_traits(arch: str, meta: dict, tensors: dict, layers: int, key) -> dict:
+    """The mixture-of-experts fields of ModelConfig ({} for a dense file); a gating function,
+    a router or an expert layout we do not serve is refused by name."""
+    experts = int(meta.get(f"{arch}.expert_count") or 0)
+    stacked = sorted(n for n in tensors if n.endswith(tuple(_EXPERT_PARTS)))
+    if not experts:
+        if stacked:
+            raise ModelLoadError(f"tensor {stacked[0]} holds experts, but the file has no "
+                                 f"{arch}.expert_count")
+        return {}
+    if arch not in EXPERT_ARCHITECTURES:
+        raise ModelLoadError(f"{arch} with experts ({arch}.expert_count {experts}) is not "
+                             f"served (experts are read for {', '.join(EXPERT_ARCHITECTURES)})")
+    flags = tuple(f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(layers))
+    if not any(flags):
+        raise ModelLoadError(f"{arch}.expert_count is {experts} but no layer has a router "
+                             "tensor (blk.N.ffn_gate_inp.weight)")
+    width = int(meta.get(f"{arch}.expert_feed_forward_length") or key("feed_forward_length"))
+    traits: dict = {"num_experts": experts,
+                    "experts_per_token": int(key("expert_used_count")),
+                    "moe_intermediate_size": width, "moe_layers": flags}
+    gating = int(meta.get(f"{arch}.expert_gating_func") or 0)
+    if gating not in _GATING:
+        raise ModelLoadError(f"{arch}.expert_gating_func {gating} is not served (softmax 1, "
+                             "sigmoid 2)")
+    if arch != "deepseek2":
+        if _GATING[gating] != "softmax":
+            raise ModelLoadError(f"{arch} with {_GATING[gating]} expert gating is not served")
+        # llama.cpp weights Mixtral's and Qwen3-MoE's k experts normalised (softmax over the
+        # top k logits; norm_topk_prob), unless a Qwen file says otherwise
+        normalize = bool(meta.get(f"{arch}.expert_weights_norm", True))
+        return {**traits, "router": "softmax_topk", "router_normalizes": normalize}
+    return {**traits, **_deepseek_router(meta, tensors, _GATING[gating], width, flags)}
+
+
+def _deepseek_router(meta: dict, tensors: dict, gating: str, width: int,
+                     flags: tuple[bool, ...]) -> dict:
+    """DeepSeek's router and shared experts: V3's sigmoid scores with the correction bias
+    (`exp_probs_b`) and group-limited top-k, V2's softmax (group-limited where the file has
+    groups), normalised or not, scaled by `expert_weights_scale`."""
+    normalize = bool(meta.get("deepseek2.expert_weights_norm", False))
+    groups = int(meta.get("deepseek2.expert_group_count") or 1)
+    kept = int(meta.get("deepseek2.expert_group_used_count") or 1)
+    biased = any(n.endswith(".exp_probs_b.bias") for n in tensors)
+    if gating == "sigmoid":
+        router = "sigmoid_group_topk"
+    else:
+        if biased:
+            raise ModelLoadError("a router correction bias (exp_probs_b) with softmax gating "
+                                 "is not served")
+        if normalize:  # as runtime/loading/hf.py: DeepSeek-V2's references disagree
+            raise ModelLoadError("expert_weights_norm with DeepSeek-V2's softmax router is "
+                                 "not served")
+        router = "softmax_group_topk" if groups > 1 else "softmax_topk"
+    shared = int(meta.get("deepseek2.expert_shared_count") or 0)
+    shared_width = int(meta.get("deepseek2.expert_shared_feed_forward_length")
+                       or width * shared)
+    first_moe = flags.index(True)
+    leading = meta.get("deepseek2.leading_dense_block_count")
+    if leading is not None and int(leading) != first_moe:
+        raise ModelLoadError(f"deepseek2.leading_dense_block_count is {leading} but the "
+                             f"first layer with a router is {first_moe}")
+    return {"router": router, "router_normalizes": normalize,
+            "routed_scaling_factor": float(meta.get("deepseek2.expert_weights_scale") or 1.0),
+            "router_groups": groups if router != "softmax_topk" else 1,
+            "router_groups_kept": kept if router != "softmax_topk" else 1,
+            "shared_expert_intermediate_size": shared_width if shared else 0}
+
+
+def _latent_attention_traits(meta: dict, tensors: dict, key) -> dict:
+    """DeepSeek's Multi-head Latent Attention widths, from either converter's keys."""
+    rope = int(key("rope.dimension_count"))
+    if "deepseek2.attention.key_length_mla" in meta:  # newer: key_length is the cache row's
+        qk = int(key("attention.key_length_mla"))
+        v = int(key("attention.value_length_mla"))
+    else:
+        qk, v = int(key("attention.key_length")), int(key("attention.value_length"))
+    q_rank = int(meta.get("deepseek2.attention.q_lora_rank") or 0)
+    if bool(q_rank) != ("blk.0.attn_q_a.weight" in tensors):
+        raise ModelLoadError(f"deepseek2.attention.q_lora_rank is {q_rank} but the file "
+                             f"{'lacks' if q_rank else 'has'} blk.0.attn_q_a.weight")
+    return {"kv_lora_rank": int(key("attention.kv_lora_rank")), "q_lora_rank": q_rank,
+            "qk_nope_head_dim": qk - rope, "qk_rope_head_dim": rope, "v_head_dim": v}
+
+
+def _deepseek_rope(meta: dict, rope: RopeScaling) -> RopeScaling:
+    """llama.cpp's DeepSeek YaRN: the softmax sharpened by (1 + yarn_log_multiplier ln s)^2
+    (the converter writes 0.1 x mscale_all_dim), the rotary tables unscaled: DeepSeek's
+    rule with mscale = mscale_all_dim."""
+    if rope.type != "yarn":
+        return rope
+    if meta.get("deepseek2.rope.scaling.attn_factor", 1.0) != 1.0:
+        raise ModelLoadError("deepseek2.rope.scaling.attn_factor other than 1 is not served")
+    log_mul = meta.get("deepseek2.rope.scaling.yarn_log_multiplier")
+    if not log_mul:
+        raise ModelLoadError("deepseek2 YaRN without rope.scaling.yarn_log_multiplier is not "
+                             "served")
+    m = float(log_mul) / 0.1
+    return dataclasses.replace(rope, attention_factor=None, mscale=m, mscale_all_dim=m)
 
 
 def _family_traits(arch: str, meta: dict, tensors: dict, layers: int, hidden: int) -> dict:
     """The ModelConfig fields beyond Llama's that an architecture's file implies."""
-    if arch == "qwen3":
+    if arch in ("qwen3", "qwen3moe"):
         return {"qk_norm": True}
     if arch == "phi3":
         window = int(meta.get("phi3.attention.sliding_window") or 0)
@@ -128,7 +285,7 @@ def _weight_format(tensors: dict) -> str:
 
     counts: dict[str, int] = {}
     for t in tensors.values():
-        if len(t.shape) == 2:
+        if len(t.shape) >= 2:  # experts' stacks [E, N, K] count as their matrices
             name = GGMLQuantizationType(t.ggml_type).name
             counts[name] = counts.get(name, 0) + math.prod(t.shape)
     top = max(counts, key=counts.__getitem__) if counts else "F32"
@@ -136,7 +293,8 @@ def _weight_format(tensors: dict) -> str:
 
 
 def hf_name(gguf_name: str, path: str = "", arch: str = "llama") -> str:
-    """Hugging Face name of a GGUF tensor name; unknown tensors are refused, not dropped."""
+    """Hugging Face name of a GGUF tensor name; unknown tensors are refused, not dropped.
+    (Stacked experts have one name per expert: `expert_names`.)"""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = _LAYER_RE.fullmatch(gguf_name)
@@ -144,4 +302,51 @@ def hf_name(gguf_name: str, path: str = "", arch: str = "llama") -> str:
         names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(arch, {})}
         if m.group(2) in names:
             return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
+        e = _OLD_EXPERT_RE.fullmatch(m.group(2))
+        if e and arch == "llama":  # llama.cpp's first Mixtral files: one tensor per expert
+            return (f"model.layers.{m.group(1)}.mlp.experts.{e.group(2)}."
+                    f"{e.group(1)}_proj.weight")
     raise ModelLoadError(f"{path}: unsupported tensor {gguf_name!r}")
+
+
+# a layer's stacked routed experts, [E, N, K] in torch order: the part each is
+_EXPERT_PARTS = {"ffn_gate_exps.weight": "gate", "ffn_up_exps.weight": "up",
+                 "ffn_down_exps.weight": "down"}
+_OLD_EXPERT_RE = re.compile(r"ffn_(gate|up|down)\.(\d+)\.weight")
+# the newer DeepSeek converter's halves of kv_b_proj: K's part transposed, [H, rank, nope],
+# and V's, [H, v, rank] (runtime/loading/gguf.py joins them back into kv_b_proj)
+KV_B_HALVES = {"attn_k_b.weight": "k", "attn_v_b.weight": "v"}
+
+
+def expert_names(gguf_name: str, shape: tuple[int, ...], config: ModelConfig, arch: str,
+                 path: str = "") -> list[str] | None:
+    """The Hugging Face names of a stacked expert tensor's slices, one per expert in order
+    (None for any other tensor); a stack whose shape is not [experts, N, K] of the config's
+    widths is refused by name."""
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if not m or m.group(2) not in _EXPERT_PARTS:
+        return None
+    if arch not in EXPERT_ARCHITECTURES or not config.num_experts:
+        raise ModelLoadError(f"{path}: unsupported tensor {gguf_name!r} (experts in a "
+                             f"{arch} file without expert_count)")
+    part = _EXPERT_PARTS[m.group(2)]
+    width, hidden = config.moe_intermediate_size, config.hidden_size
+    want = (config.num_experts, *((hidden, width) if part == "down" else (width, hidden)))
+    if tuple(shape) != want:
+        raise ModelLoadError(f"{path}: tensor {gguf_name} has expert layout {list(shape)}, "
+                             f"not [experts, N, K] = {list(want)}")
+    layer = int(m.group(1))
+    if not config.is_moe_layer(layer):
+        raise ModelLoadError(f"{path}: tensor {gguf_name} holds experts in a layer without a "
+                             "router (ffn_gate_inp)")
+    return [f"model.layers.{layer}.mlp.experts.{e}.{part}_proj.weight"
+            for e in range(config.num_experts)]
+
+
+def kv_b_half(gguf_name: str, arch: str) -> tuple[str, str] | None:
+    """(kv_b_proj's Hugging Face name, "k" or "v") for the newer DeepSeek converter's split
+    attn_k_b / attn_v_b, None for any other tensor."""
+    m = _LAYER_RE.fullmatch(gguf_name)
+    if arch != "deepseek2" or not m or m.group(2) not in KV_B_HALVES:
+        return None
+    return f"model.layers.{m.group(1)}.self_attn.kv_b_proj.weight", KV_B_HALVES[m.group(2)]

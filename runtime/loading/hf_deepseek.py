@@ -10,6 +10,7 @@ import logging
 import torch
 
 from contract.config import ModelConfig
+from runtime.loading.rope_rows import latent_rows_in_halves, query_rows_in_halves
 
 log = logging.getLogger("runtime.startup")
 
@@ -41,27 +42,17 @@ def latent_attention_traits(arch: str, raw: dict) -> dict:
 
 def rope_halves(weights: dict[str, torch.Tensor], config: ModelConfig,
                 mtp_layers: int = 0) -> None:
-    """DeepSeek rotates interleaved pairs (x0, x1), (x2, x3), ... of each rotated part; our
-    rotary kernel rotates halves (x_i with x_{i + d/2}). Permuting the rows that make each
-    rotated part to [x0, x2, ... | x1, x3, ...] (the query's per head, the shared key's once)
-    makes one rotation the other, and both q and k get it, so every q . k is unchanged."""
-    rope, nope, rank = config.qk_rope_head_dim, config.qk_nope_head_dim, config.kv_lora_rank
-    perm = torch.cat([torch.arange(0, rope, 2), torch.arange(1, rope, 2)])
-    heads = config.num_attention_heads
-    for i in range(config.num_hidden_layers + mtp_layers):  # the MTP layers' attention too
+    """Every layer's rotated query and key rows from DeepSeek's interleaved pairs to the halves
+    our rotary kernel rotates (runtime/loading/rope_rows.py), the MTP layers' too."""
+    for i in range(config.num_hidden_layers + mtp_layers):
         a = f"model.layers.{i}.self_attn."
         q = a + ("q_b_proj.weight" if config.q_lora_rank else "q_proj.weight")
         for name in (q, q.removesuffix("weight") + "bias"):
             if name in weights:
-                t = weights[name]
-                per_head = t.reshape(heads, nope + rope, *t.shape[1:]).clone()
-                per_head[:, nope:] = per_head[:, nope:][:, perm]
-                weights[name] = per_head.reshape(t.shape)
+                weights[name] = query_rows_in_halves(weights[name], config)
         for name in (a + "kv_a_proj_with_mqa.weight", a + "kv_a_proj_with_mqa.bias"):
             if name in weights:
-                t = weights[name].clone()
-                t[rank:] = t[rank:][perm]
-                weights[name] = t
+                weights[name] = latent_rows_in_halves(weights[name], config)
 
 
 def rope_interleaved(arch: str, raw: dict) -> bool:
