@@ -4,9 +4,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from contextlib import aclosing
-from typing import Protocol, cast
+from typing import cast
 
 from aiohttp import web
 
@@ -32,24 +31,6 @@ log = logging.getLogger(__name__)
 
 # a request's reasoning tokens as its answer counted them (the stream's chunker, or the
 # whole answer's count), read by `usage_of` wherever the usage is built (SSE, WebSocket, JSON)
-class CountsReasoning(Protocol):
-    reasoning_tokens: int
-
-
-class ReasoningCount:
-    reasoning_tokens = 0
-
-
-_REASONING_COUNTS: weakref.WeakKeyDictionary[InFlightRequest, CountsReasoning] = \
-    weakref.WeakKeyDictionary()
-
-
-def reasoning_count(gen: InFlightRequest) -> ReasoningCount:
-    """A fresh count of the request's reasoning tokens, the one its usage will report."""
-    counted = _REASONING_COUNTS[gen] = ReasoningCount()
-    return counted
-
-
 def reasoning_parser_of(state: GatewayState, req) -> str | None:
     """The reasoning parser of a request's answer (chat only)."""
     return state.reasoning_parser() if req.kind == "chat" else None
@@ -74,7 +55,6 @@ def chunker_for(state: GatewayState, gen: InFlightRequest, include_usage: bool) 
                             include_usage, echo=gen.prompt_text if req.echo else None,
                             tools=req.tools, tool_parser=state.tool_call_parser(),
                             splitter=lambda: reasoning_split_of(state, gen))
-    _REASONING_COUNTS[gen] = chunker
     return chunker
 
 
@@ -103,10 +83,7 @@ def usage_of(gen: InFlightRequest) -> Usage:
     """The request's usage, with its cost when it was priced (billing's dict is the Cost shape;
     billing imports nothing of the gateway, so it is named here), and for chat its reasoning
     tokens as its answer counted them (gateway/openai/stream_chunker.py)."""
-    counted = _REASONING_COUNTS.get(gen)
-    reasoning = None
-    if gen.request.kind == "chat":
-        reasoning = counted.reasoning_tokens if counted is not None else 0
+    reasoning = gen.reasoning_tokens if gen.request.kind == "chat" else None
     if gen.charge is None:
         return usage_dict(gen.prompt_tokens, gen.cached_tokens, gen.completion_tokens,
                           reasoning_tokens=reasoning)
@@ -230,6 +207,7 @@ async def stream_sse(request: web.Request, state: GatewayState, gen: InFlightReq
                     return out.response  # client gone: leaving the loop aborts the job
                 itl.tick(len(delta.token_ids))
         await wait_committed(gen)  # the bill is durable before the client sees it final
+        gen.reasoning_tokens = chunker.reasoning_tokens
         out = await ensure_open()
         await out.send_all(chunker.usage(usage_of(gen)), done=True)  # still guarded
         return out.response
@@ -252,7 +230,6 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
     prompt_logprobs: dict[int, list] = {}
     splits = {i: reasoning_split_of(state, gen) for i in range(req.n)}
     reasoning: dict[int, list[str]] = {i: [] for i in range(req.n)}
-    counted = reasoning_count(gen)
     async with aclosing(state.service.stream(gen)) as deltas:  # aborted at once if cancelled
         async for delta in deltas:
             split = splits[delta.index]
@@ -261,7 +238,7 @@ async def respond_json(state: GatewayState, gen: InFlightRequest) -> web.Respons
             else:  # the stream's splitter and count, delta by delta: the same answer
                 thought, said, inside = split_piece(split, delta.text,
                                                     delta.finish_reason is not None)
-                counted.reasoning_tokens += len(delta.token_ids) if inside else 0
+                gen.reasoning_tokens += len(delta.token_ids) if inside else 0
                 reasoning[delta.index].append(thought)
                 texts[delta.index].append(said)
             if delta.logprobs:

@@ -21,7 +21,6 @@ from gateway.http.auth import authenticate
 from gateway.http.completions import (
     InterTokenClock,
     StreamGuard,
-    reasoning_count,
     reasoning_split_of,
     response_headers,
     usage_of,
@@ -115,7 +114,7 @@ class Thoughts:
 
     def __init__(self, state: GatewayState, gen: InFlightRequest):
         self.split: ReasoningSplit | None = reasoning_split_of(state, gen)
-        self.count = reasoning_count(gen)
+        self.gen = gen  # counts the reasoning tokens its usage reports
         self.texts: list[str] = []
         self.thoughts: list[str] = []
 
@@ -126,7 +125,7 @@ class Thoughts:
             return "", delta.text
         thought, said, inside = split_reasoning(self.split, delta.text,
                                                 delta.finish_reason is not None)
-        self.count.reasoning_tokens += len(delta.token_ids) if inside else 0
+        self.gen.reasoning_tokens += len(delta.token_ids) if inside else 0
         self.thoughts.append(thought)
         self.texts.append(said)
         return thought, said

@@ -171,6 +171,7 @@ class Connection:
         finally:
             watcher.cancel()
         await wait_committed(gen)  # the bill is durable before the client sees "done"
+        gen.reasoning_tokens = chunker.reasoning_tokens
         await self.send({"type": "done", "id": rid, "usage": usage_of(gen)})
 
     async def _report_position(self, rid: str, gen) -> None:

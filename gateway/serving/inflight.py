@@ -88,6 +88,9 @@ class InFlightRequest:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    # of those, a reasoning model's thought's (counted where the answer is split, as its
+    # usage reports them: gateway/openai/reasoning.py)
+    reasoning_tokens: int = 0
     finish_reasons: dict[int, str] = field(default_factory=dict)  # choice index -> reason
     worker_timing: dict | None = None  # wall-clock times reported by the worker
     # money

@@ -122,7 +122,8 @@ def make_record() -> InFlightRequest:
 def fake_state(service) -> SimpleNamespace:
     config = SimpleNamespace(keepalive_seconds=0.05, send_timeout_seconds=5.0)
     return SimpleNamespace(service=service, config=config, open_responses=set(), metrics=None,
-                           model_name="fake")
+                           model_name="fake", tool_call_parser=lambda: "hermes",
+                           reasoning_parser=lambda: None)
 
 
 def test_a_cancelled_sse_request_is_freed_without_gc():
