@@ -17,6 +17,8 @@ import time
 import weakref
 from types import SimpleNamespace
 
+import pytest
+
 from gateway.http.completions import stream_sse
 from gateway.openai.requests import parse_request
 from gateway.serving.inflight import InFlightRequest
@@ -114,7 +116,12 @@ class HeldWorker:
             self.aborted_at = time.monotonic()
 
 
-def make_record() -> InFlightRequest:
+def make_record(kind: str = "completion") -> InFlightRequest:
+    if kind == "chat":  # a chat stream also splits reasoning and reads tool calls
+        req = parse_request("chat", {"messages": [{"role": "user", "content": "hi"}],
+                                     "max_tokens": 4, "stream": True})
+        return InFlightRequest("chatcmpl-test", req, [1, 2], "hi", req.sampling_params(4), 0,
+                               None)
     req = parse_request("completion", {"prompt": "hi", "max_tokens": 4, "stream": True})
     return InFlightRequest("cmpl-test", req, [1, 2], "hi", req.sampling_params(4), 0, None)
 
@@ -126,13 +133,14 @@ def fake_state(service) -> SimpleNamespace:
                            reasoning_parser=lambda: None)
 
 
-def test_a_cancelled_sse_request_is_freed_without_gc():
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_a_cancelled_sse_request_is_freed_without_gc(kind):
     worker = HeldWorker()
     refs: list[weakref.ref] = []
     handlers: list[asyncio.Task] = []
 
     async def handler(request):
-        gen = make_record()
+        gen = make_record(kind)
         refs.append(weakref.ref(gen))
         handlers.append(asyncio.current_task())
         return await stream_sse(request, fake_state(worker), gen)
