@@ -212,3 +212,12 @@ def add_mtp_layer(folder: Path, seed: int = 1, like_layer: int = 1,
     config["num_nextn_predict_layers"] = 1
     config_path.write_text(json.dumps(config, indent=1))
     return added
+
+
+def reference_greedy(model, ids: list[int], steps: int) -> list[int]:
+    """transformers' own greedy continuation of `ids` by `steps` tokens (no end of text), the
+    tokens our engine must produce from the same weights."""
+    out = model.generate(torch.tensor([ids]), max_new_tokens=steps, do_sample=False,
+                         eos_token_id=None, pad_token_id=0,
+                         attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+    return out[0, len(ids):].tolist()

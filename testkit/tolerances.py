@@ -29,3 +29,9 @@ def read_from(dtype: torch.dtype, scale: float, units: int = 1) -> dict[str, flo
     mean square). A float32 `dtype` keeps the float32 reordering floor."""
     eps = units * torch.finfo(dtype).eps
     return {"rtol": eps, "atol": max(eps * scale, FLOAT32_ORDER_ATOL)}
+
+
+def relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """The largest absolute difference relative to the reference's largest magnitude: how far
+    logits moved, on the scale the sampler compares them at."""
+    return float((ours - ref).abs().max() / ref.abs().max())

@@ -8,7 +8,8 @@ import torch
 
 from contract.config import EngineConfig
 from contract.sampling_params import SamplingParams
-from testkit.family_models import FAMILIES, write_family_checkpoint
+from testkit.family_models import FAMILIES, reference_greedy, write_family_checkpoint
+from testkit.tolerances import relative_error
 
 pytest.importorskip("transformers")
 
@@ -32,10 +33,6 @@ def family(request, tmp_path_factory):
     engine.close()
 
 
-def _relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).abs().max() / ref.abs().max())
-
-
 def test_prompt_logits_match_transformers(family):
     name, engine, reference = family
     for text in PROMPTS:
@@ -45,7 +42,7 @@ def test_prompt_logits_match_transformers(family):
             ref = reference(torch.tensor([ids])).logits[0]
         # float32 on both sides, sums of at most a few hundred terms per layer: 1e-4 of the
         # largest logit is far above their rounding and far below any mistake in the formula
-        assert _relative_error(ours, ref) < 1e-4, (name, text[:30])
+        assert relative_error(ours, ref) < 1e-4, (name, text[:30])
 
 
 def test_greedy_tokens_match_transformers(family):
@@ -53,7 +50,4 @@ def test_greedy_tokens_match_transformers(family):
     ids = [engine.tokenizer.encode(t) for t in PROMPTS]
     ours = engine.generate(ids, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
     for prompt, tokens in zip(ids, ours):
-        ref = reference.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0,
-                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        assert tokens == ref[0, len(prompt):].tolist(), name
+        assert tokens == reference_greedy(reference, prompt, 24), name

@@ -12,7 +12,8 @@ import torch
 from contract.config import EngineConfig
 from contract.sampling_params import SamplingParams
 from testkit.family_gguf import file_weights, write_family_gguf
-from testkit.family_models import write_family_checkpoint
+from testkit.family_models import reference_greedy, write_family_checkpoint
+from testkit.tolerances import relative_error
 
 pytest.importorskip("transformers")
 
@@ -39,10 +40,6 @@ def _served(tmp_path, family: str, kind=Q.F32):
     return _engine(path), reference
 
 
-def _relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).abs().max() / ref.abs().max())
-
-
 CASES = [(family, Q.F32) for family in ("llama3", "llama-linear", "llama-yarn", "qwen3", "phi3")]
 CASES += [("llama3", Q.Q8_0), ("qwen3", Q.Q4_0), ("phi3", Q.Q4_0)]
 
@@ -62,13 +59,10 @@ def test_family_gguf_matches_transformers(tmp_path, family, kind):
             # float32 both sides, as tests/runtime/test_families.py: 1e-4 of the largest logit
             # is far above their rounding and far below a wrong frequency or layout (the
             # block kernels dequantize the weights and sum in float32: no activation rounding)
-            assert _relative_error(engine.prompt_logits(ids), ref) < 1e-4, family
+            assert relative_error(engine.prompt_logits(ids), ref) < 1e-4, family
         ours = engine.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0.0,
                                                        ignore_eos=True))
         for ids, tokens in zip(PROMPTS, ours):
-            want = reference.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0,
-                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-            assert tokens == want[0, len(ids):].tolist(), family
+            assert tokens == reference_greedy(reference, ids, 16), family
     finally:
         engine.close()

@@ -18,7 +18,7 @@ from contract.config import EngineConfig
 from contract.sampling_params import SamplingParams
 from runtime.loading.fp8 import FP8Error, dequantize_block_fp8, dequantize_checkpoint
 from runtime.scheduling.output import ScheduledRequest
-from testkit.family_models import MLA, write_family_checkpoint
+from testkit.family_models import MLA, reference_greedy, write_family_checkpoint
 
 pytest.importorskip("transformers")
 
@@ -95,10 +95,7 @@ def test_chunked_batched_greedy_and_prefix_hit(deepseek):
         prompts = [list(range(5, 60)), [7, 9, 11] * 9, [3, 4]]
         got = engine.generate(prompts, GREEDY)
         for ids, tokens in zip(prompts, got):
-            want = reference.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0,
-                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-            assert tokens == want[0, len(ids):].tolist()
+            assert tokens == reference_greedy(reference, ids, 12)
         hits = engine.kv.stats.hits
         assert engine.generate([prompts[0]], GREEDY) == [got[0]]
         assert engine.kv.stats.hits > hits

@@ -23,14 +23,11 @@ from runtime.models.routing import (
     softmax_topk,
 )
 from runtime.models.weights import LinearMaker, ModelWeights
+from testkit.tolerances import relative_error
 
 transformers = pytest.importorskip("transformers")
 
 H = 64  # hidden size of the direct module checks
-
-
-def _relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).abs().max() / ref.abs().max())
 
 
 def _by_expert(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +208,7 @@ def test_deepseek_moe_block_matches_transformers(arch):
     got = ours(x[0])
     # float32 both sides, sums of at most a few hundred terms: 1e-5 of the largest value is
     # far above their reordering's rounding and far below a wrong expert or weight
-    assert _relative_error(got, ref) < 1e-5
+    assert relative_error(got, ref) < 1e-5
     _, ids = ours.router(x[0])
     assert torch.equal(load.total()[1], torch.bincount(ids.reshape(-1), minlength=16))
 
@@ -267,7 +264,7 @@ def test_grouped_experts_equal_a_per_token_loop():
     # and the block with its gated shared expert is transformers' Qwen2-MoE block
     with torch.no_grad():
         ref = module(x[None])[0]
-    assert _relative_error(ours(x), ref) < 1e-5
+    assert relative_error(ours(x), ref) < 1e-5
 
 
 def test_int8_experts_serve_their_dequantized_weights():
@@ -283,7 +280,7 @@ def test_int8_experts_serve_their_dequantized_weights():
         lin.max_quant_rows = 1 << 20  # every run through the int8 kernel
     through_int8 = ours.routed(x, weights, ids)
     # the only difference between the two paths: activations rounded to bfloat16
-    assert _relative_error(through_int8, through_float_copy) < 2e-2
+    assert relative_error(through_int8, through_float_copy) < 2e-2
     with torch.no_grad():  # transformers on our dequantized weights
         for e in range(8):
             module.experts.gate_up_proj[e].copy_(ours.gate_up[e].weight)
@@ -294,7 +291,7 @@ def test_int8_experts_serve_their_dequantized_weights():
         ref = module(x[None])[0]
     for lin in ours.linears():
         lin.max_quant_rows = 0
-    assert _relative_error(ours(x), ref) < 1e-5
+    assert relative_error(ours(x), ref) < 1e-5
 
 
 # ---- config rules, storage forms, the engine -------------------------------------------------
@@ -426,7 +423,7 @@ def test_int8_mixtral_serves_its_dequantized_weights(mixtral_folder):
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
     # float32 both sides on the same (int8-valued) weights: float32's tolerance
-    assert _relative_error(engine.prompt_logits(ids), ref) < 1e-4
+    assert relative_error(engine.prompt_logits(ids), ref) < 1e-4
 
 
 def test_config_replace_keeps_moe_checks():

@@ -19,7 +19,8 @@ from contract.config import EngineConfig
 from contract.errors import ModelLoadError
 from contract.sampling_params import SamplingParams
 from testkit.family_gguf import file_reference, file_weights, write_family_gguf
-from testkit.family_models import write_family_checkpoint
+from testkit.family_models import reference_greedy, write_family_checkpoint
+from testkit.tolerances import relative_error
 
 pytest.importorskip("transformers")
 
@@ -45,10 +46,6 @@ def _written(tmp_path, family: str, kind=Q.F32, split_kv_b: bool = True):
     if kind != Q.F32:
         file_weights(reference, path)  # the reference holds what the file holds
     return path, reference
-
-
-def _relative_error(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours - ref).abs().max() / ref.abs().max())
 
 
 # (family, type, DeepSeek's kv_b in the newer converter's split form)
@@ -79,14 +76,11 @@ def test_moe_gguf_matches_transformers(tmp_path, family, kind, split):
         for ids in PROMPTS:
             with torch.no_grad():
                 ref = reference(torch.tensor([ids])).logits[0]
-            assert _relative_error(engine.prompt_logits(ids), ref) < 1e-4, family
+            assert relative_error(engine.prompt_logits(ids), ref) < 1e-4, family
         ours = engine.generate(PROMPTS, SamplingParams(max_tokens=STEPS, temperature=0.0,
                                                        ignore_eos=True))
         for ids, tokens in zip(PROMPTS, ours):
-            want = reference.generate(torch.tensor([ids]), max_new_tokens=STEPS,
-                                      do_sample=False, eos_token_id=None, pad_token_id=0,
-                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-            assert tokens == want[0, len(ids):].tolist(), family
+            assert tokens == reference_greedy(reference, ids, STEPS), family
     finally:
         engine.close()
 

@@ -10,7 +10,7 @@ import torch
 from contract.config import EngineConfig
 from contract.sampling_params import SamplingParams
 from kernels import cpu_ops
-from testkit.family_models import write_family_checkpoint
+from testkit.family_models import reference_greedy, write_family_checkpoint
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no compiled CPU ops")
@@ -39,9 +39,6 @@ def test_windowed_layers_run_in_the_kernels(tmp_path, monkeypatch):
         got = engine.generate(prompts, SamplingParams(max_tokens=20, temperature=0.0,
                                                       ignore_eos=True))
         for ids, tokens in zip(prompts, got):
-            want = reference.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0,
-                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-            assert tokens == want[0, len(ids):].tolist()
+            assert tokens == reference_greedy(reference, ids, 20)
     finally:
         engine.close()
