@@ -205,27 +205,27 @@ def llama3_rope_factors(cfg) -> np.ndarray:
 
 def _add_shape(writer: gguf.GGUFWriter, cfg) -> None:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    _add_common_shape(writer, cfg)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+
+
+def _add_common_shape(writer: gguf.GGUFWriter, cfg) -> None:
+    """The keys every family's converter writes alike."""
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
 
 
 def _add_deepseek_shape(writer: gguf.GGUFWriter, cfg, split_kv_b: bool) -> None:
     """DeepSeek's keys as the converter's deepseek2 writes them (either form, module text)."""
     rank, rope = cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    _add_common_shape(writer, cfg)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_leading_dense_block_count(cfg.first_k_dense_replace)
     if cfg.q_lora_rank:
