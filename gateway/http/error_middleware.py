@@ -9,8 +9,8 @@ import orjson
 from aiohttp import web
 
 from billing.stores import StoreUnavailable
-from gateway.anthropic.messages_api import error_body as anthropic_error_body
-from gateway.anthropic.messages_api import error_status, speaks_anthropic
+from gateway.anthropic.errors import error_body as anthropic_error_body
+from gateway.anthropic.errors import error_status, speaks_anthropic
 from gateway.errors import APIError, error_body, store_unavailable
 
 log = logging.getLogger(__name__)

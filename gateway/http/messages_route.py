@@ -18,11 +18,11 @@ from contextlib import aclosing
 from aiohttp import web
 
 from billing.keys import ApiKey
+from gateway.anthropic.errors import error_event
 from gateway.anthropic.messages_api import (
     MessageEvents,
     MessagesCall,
     content_blocks,
-    error_event,
     matched_stop,
     message,
     message_shell,

@@ -24,12 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
+from gateway.anthropic.errors import error_body, error_event, error_status
 from gateway.anthropic.messages_api import (
     MessageEvents,
     content_blocks,
-    error_body,
-    error_event,
-    error_status,
     matched_stop,
     message_shell,
     parse_count_tokens_request,
