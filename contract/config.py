@@ -236,6 +236,10 @@ class EngineConfig:
     # auto | on | off: plan a step while the last runs (runtime/execution/overlap.py)
     overlap: str = "auto"
     thread_policy: str = "adaptive"  # adaptive | fixed (runtime/execution/thread_governor.py)
+    # the inter-token budget (runtime/scheduling/itl_budget.py): while requests decode, a
+    # step's prefill is capped to fit this many ms; None: automatic (from measured step
+    # costs), 0: off (prefill chunks as large as max_num_batched_tokens)
+    itl_target_ms: float | None = None
     quantization: str = "auto"  # auto | none | int8 | int4 (runtime/loading/quantization.py)
     # replaces the model's chat template: a Jinja template file, or the template text itself
     # (contract/tokenizer.load_chat_template); None keeps the model's own
@@ -247,6 +251,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size, max_num_batched_tokens and max_num_seqs must be >= 1")
+        if self.itl_target_ms is not None and not self.itl_target_ms >= 0:
+            raise ValueError(f"itl_target_ms must be >= 0 (0: off), not {self.itl_target_ms}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, not {self.max_model_len}")
         for name, choices in _CHOICES.items():

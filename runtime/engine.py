@@ -161,12 +161,19 @@ class LLMEngine:
         if sched.is_empty and self.structured.pending:
             self.structured.wait(GRAMMAR_WAIT_S)  # only compiles are left: do not spin
         self.threads.before_step()
+        previous = self.inflight
         if overlap:
             outputs += self._launch(sched)
         else:
             outputs += self._postprocess(sched, self.runner.run(sched, self.requests))
         self.threads.after_step(sched.num_scheduled_tokens)
-        return outputs, self._stats(sched, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        # the inter-token budget learns step costs; an overlapped call waits for the step it
+        # reads back, so its time is that step's
+        timed = previous.sched if overlap and previous is not None else sched
+        if not sched.is_empty:
+            self.scheduler.observe_step(timed, seconds)
+        return outputs, self._stats(sched, seconds)
 
     def _may_overlap(self) -> bool:
         """Overlap this step unless a request needs its last token on the host to plan it."""

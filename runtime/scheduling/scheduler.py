@@ -3,7 +3,9 @@
 There is no prefill or decode phase: every request's `num_computed_tokens` catches up with its
 `num_tokens`. A long prompt is cut into chunks that share a step with other requests' decodes.
 When blocks run out, the least urgent running request (highest priority value, latest arrival)
-is preempted: its blocks are freed and it is recomputed later from its tokens.
+is preempted: its blocks are freed and it is recomputed later from its tokens. While requests
+decode, the inter-token budget (runtime/scheduling/itl_budget.py) caps each step's prefill
+tokens at what fits its step-time target, so a new prompt does not stall the running streams.
 
 The scheduler is the one place that advances requests' counters; the KV manager says what it
 allocated and the scheduler turns that into computed and cached tokens. Each step's plan goes
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 
 from contract.config import EngineConfig
 from runtime.kv.manager import KVCacheManager, PrefixHit
+from runtime.scheduling.itl_budget import ItlBudget, PrefillAllowance
 from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 from runtime.scheduling.request import Request, RequestStatus
 from runtime.spec_decode.config import SpecConfig
@@ -60,6 +63,11 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def num_tokens_to_compute(self) -> int:
+        """Tokens the waiting requests have yet to compute (before any prefix-cache hit)."""
+        return sum(r.num_tokens - r.num_computed_tokens for _, r in self._heap
+                   if r.request_id in self._ids)
+
 
 @dataclass
 class _StepPlan:
@@ -80,6 +88,9 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self._finished_ids: list[str] = []  # reported with the next step's output
+        # a prompt that cannot be chunked cannot be capped either
+        self.itl: ItlBudget | None = ItlBudget.from_target_ms(itl_target_ms(config)) \
+            if config.enable_chunked_prefill else None
 
     # ---- queue management -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -111,14 +122,38 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         plan = _StepPlan()
         budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(plan, budget)
+        allowance = self._prefill_allowance()
+        budget = self._schedule_running(plan, budget, allowance)
         if not plan.preempted:  # no room was short this step: admit waiting requests
-            self._schedule_waiting(plan, budget)
+            self._schedule_waiting(plan, budget, allowance)
         finished, self._finished_ids = tuple(self._finished_ids), []
         return SchedulerOutput(tuple(plan.scheduled), tuple(plan.preempted), finished,
                                self.kv.take_transfers())
 
-    def _schedule_running(self, plan: _StepPlan, budget: int) -> int:
+    def observe_step(self, out: SchedulerOutput, seconds: float) -> None:
+        """The engine timed a step it ran: the inter-token budget learns its cost."""
+        if self.itl is not None and not out.is_empty:
+            self.itl.observe(out, seconds)
+
+    def _prefill_allowance(self) -> PrefillAllowance | None:
+        """This step's room for prefill beside the requests decoding now (None: no cap)."""
+        if self.itl is None:
+            return None
+        rows = attention = backlog = 0
+        for r in self.running:
+            runnable = self._num_runnable(r)
+            if runnable > 1:
+                backlog += runnable
+            elif r.num_computed_tokens == r.num_tokens - 1 and not self._ends_in_flight(r) \
+                    and not r.awaits_grammar:
+                rows += 1
+                attention += r.num_tokens  # its one row reads every position up to its own
+        if rows and self.itl.paces:
+            backlog += self.waiting.num_tokens_to_compute()
+        return self.itl.allowance(rows, attention, backlog)
+
+    def _schedule_running(self, plan: _StepPlan, budget: int,
+                          allowance: PrefillAllowance | None = None) -> int:
         scheduled_ids: set[str] = set()
         decoding = sum(1 for r in self.running if r.num_computed_tokens == r.num_tokens - 1)
         speculate = self.governor.step_allows(decoding)
@@ -129,10 +164,16 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             if self._ends_in_flight(request):
                 continue  # its last token is in the step still running: nothing to plan
-            num_new = min(self._num_runnable(request), budget)
+            runnable = self._num_runnable(request)
+            num_new = min(runnable, budget)
+            # a chunk of its prompt (or of forced tokens) stays within the inter-token budget
+            prefill = allowance if allowance is not None and runnable > 1 else None
+            if prefill is not None:
+                num_new = prefill.fit(request.num_computed_tokens, num_new)
             if num_new <= 0:
                 continue
-            decodes = num_new == 1 and not request.awaits_grammar  # this step samples
+            # this step samples (a chunk cut to one token does not)
+            decodes = num_new == runnable == 1 and not request.awaits_grammar
             num_spec, proposals = self._plan_spec(request, budget) if speculate and \
                 decodes else (0, ())
             num_new += num_spec
@@ -143,12 +184,15 @@ class Scheduler:
                     break
             if request.status is not RequestStatus.RUNNING:
                 continue  # it made room for others: its proposals are dropped with it
+            if prefill is not None:
+                prefill.commit(request.num_computed_tokens, num_new)
             self._add(plan, request, num_new - num_spec, num_spec, proposals)
             scheduled_ids.add(request.request_id)
             budget -= num_new
         return budget
 
-    def _schedule_waiting(self, plan: _StepPlan, budget: int) -> None:
+    def _schedule_waiting(self, plan: _StepPlan, budget: int,
+                          allowance: PrefillAllowance | None = None) -> None:
         deferred: list[Request] = []
         in_flight = self._prefix_blocks_in_flight()
         while budget > 0:
@@ -169,6 +213,11 @@ class Scheduler:
             if num_new > budget and not self.config.enable_chunked_prefill:
                 break
             num_new = min(num_new, budget)
+            start = request.num_computed_tokens + hit.num_blocks * self.kv.block_size
+            if allowance is not None:
+                num_new = allowance.fit(start, num_new)
+                if num_new <= 0:
+                    break  # this step has no room for more prefill: keep the order
             allocation = self.kv.allocate_slots(request, num_new, hit)
             if allocation is None:
                 if self._preempt_for(request, plan):
@@ -176,6 +225,8 @@ class Scheduler:
                 break  # the most urgent waiting request does not fit: keep order, wait
             self.waiting.pop()
             self._admit(request, allocation.num_cached_tokens)
+            if allowance is not None:
+                allowance.commit(start, num_new)
             self._add(plan, request, num_new)
             budget -= num_new
             in_flight.update(self._pending_prompt_blocks(request))
@@ -304,3 +355,8 @@ class Scheduler:
             if s.samples:
                 ready.append(request)
         return ready
+
+
+def itl_target_ms(config: EngineConfig) -> float | None:
+    """`--itl-target-ms`: None (not given) for the automatic target, 0 for off."""
+    return config.itl_target_ms

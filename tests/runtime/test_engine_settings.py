@@ -20,7 +20,7 @@ NON_DEFAULT = {"device": "cuda", "kv_cache_gb": 0.5, "max_num_seqs": 8,
                "max_num_batched_tokens": 256, "prefix_caching": False,
                "disk_cache_dir": "/tmp/kv-disk", "spec": "self:2", "num_spec_tokens": 3,
                "quantization": "int4", "thread_policy": "fixed", "overlap": "on",
-               "kv_cache_dtype": "float32", "max_model_len": 1024,
+               "kv_cache_dtype": "float32", "max_model_len": 1024, "itl_target_ms": 60.0,
                "chat_template": "{{ messages[0]['content'] }}"}
 NON_DEFAULT_ENGINE = EngineConfig(device="cuda", kv_cache_bytes=1 << 29, max_num_seqs=8,
                                   max_num_batched_tokens=256, enable_prefix_caching=False,
@@ -28,6 +28,7 @@ NON_DEFAULT_ENGINE = EngineConfig(device="cuda", kv_cache_bytes=1 << 29, max_num
                                   num_spec_tokens=3, quantization="int4",
                                   thread_policy="fixed", overlap="on",
                                   kv_cache_dtype="float32", max_model_len=1024,
+                                  itl_target_ms=60.0,
                                   chat_template="{{ messages[0]['content'] }}")
 
 
@@ -87,6 +88,7 @@ def test_worker_takes_every_flag_it_took_before(engine_of):
                        "--num-spec-tokens", "3", "--quantization", "int4",
                        "--thread-policy", "fixed", "--overlap", "on",
                        "--kv-cache-dtype", "float32", "--max-model-len", "1024",
+                       "--itl-target-ms", "60",
                        "--chat-template", "{{ messages[0]['content'] }}",
                        "--kv-store", "127.0.0.1:1", "--fake",
                        "--fake-step-ms", "5"])
