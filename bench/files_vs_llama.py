@@ -48,11 +48,12 @@ def gemma_file() -> str:
 
 
 def kv_bytes(path: str, tokens: int) -> int:
-    """float16 K and V of every layer for `tokens` tokens, from the file's header."""
+    """float16 K and V of every layer for `tokens` tokens, from the file's header (a latent
+    attention model's one latent row: bench/deepseek_vs_llama.py)."""
     from runtime.loading.gguf import open_gguf
 
     cfg = open_gguf(path)[0]
-    return 2 * 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * tokens
+    return cfg.kv_bytes_per_token // 4 * 2 * tokens  # its float32 bytes, in float16
 
 
 def start(name: str, path: str, slots: int, kv_gib: float) -> tuple[ServerProcess, float]:

@@ -46,7 +46,8 @@ SECTIONS = {
     "Quantized weights and CPU threads": ("gateway", "runtime serve", "runtime",
                                           "bench.decode_step"),
     "The runtime from Python": ("runtime", "gateway"),
-    "Tests and benchmarks": ("bench.engine", "bench.gateway", "scripts/gpu_check.sh", "gateway",
+    "Tests and benchmarks": ("bench.engine", "bench.gateway", "bench.deepseek_vs_llama",
+                             "scripts/gpu_check.sh", "gateway",
                              "runtime serve"),
     "Dependencies and why": ("gateway",),
 }
