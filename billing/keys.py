@@ -89,6 +89,11 @@ class KeyStore:
     def num_keys(self) -> int:
         return len(self._by_hash)
 
+    def by_hash(self, sha256: str) -> ApiKey | None:
+        """The key whose secret hashes to `sha256` (work recorded under a key, such as a
+        batch, finds its key again after a key-file reload), or None."""
+        return self._by_hash.get(sha256)
+
     def lookup(self, presented: str) -> ApiKey | None:
         """The key for a presented secret, or None (unknown or revoked)."""
         digest = hash_key(presented)

@@ -15,6 +15,8 @@ from billing.store_factory import budget_store, limit_store
 from contract.errors import StartError, one_line
 from contract.frames import KvEvents, Output, Ready, TransferDone
 from contract.tokenizer import Tokenizer
+from gateway.batch.runner import BATCH, BatchRunner, owner_name, settings_of
+from gateway.batch.store import BatchStore, open_backend
 from gateway.config import GatewayConfig
 from gateway.http.auth import presented_key, serving_keys
 from gateway.http.browser_guard import browser_guard
@@ -64,6 +66,11 @@ def create_app(config: GatewayConfig, in_memory_spans: bool = False) -> web.Appl
         ResponseStore(config.responses_store_seconds, config.responses_store_max), served_names,
         keys=serving_keys(config.keys_file, config.api_key, served_names),
         telemetry=telemetry)
+    if config.batch_api:  # files and batches beside the ledger (or in its PostgreSQL)
+        ledger_path = config.resolved_ledger_path()
+        runner = BatchRunner(state, BatchStore(open_backend(ledger_path, config.state_url)),
+                             settings_of(config), owner_name(ledger_path))
+        state.batch = app[BATCH] = runner
     accounting.subscribe(state.snapshots.on_settled)
     if telemetry is not None:
         accounting.subscribe(telemetry.request_finished)
@@ -244,11 +251,15 @@ async def _lifecycle(app: web.Application):
              asyncio.create_task(_feed_loop(state), name="feed"),
              asyncio.create_task(state.loop_lag.run(state.stop), name="loop-lag"),
              *access_log.summary_task(app, state.stop)]
+    if BATCH in app:
+        tasks.append(asyncio.create_task(app[BATCH].run(state.stop), name="batch-runner"))
     if state.config.otlp_endpoint:
         tasks.append(asyncio.create_task(push_loop(
             lambda: state.metrics.registry if state.metrics else None,
             state.config.otlp_endpoint, state.stop, state.config.otlp_interval_seconds)))
     yield
+    if BATCH in app:  # while workers still run: its lines finish or are aborted and billed
+        await app[BATCH].close()
     state.stop.set()
     for response in list(state.open_responses):
         response.force_close()

@@ -88,6 +88,14 @@ class GatewayConfig:
     log_format: str = "text"  # text | json: the access log's and the summary's lines
     log_summary_seconds: float = 10.0  # a throughput summary this often, while busy; 0: off
     debug: bool = False  # a start error's traceback too, not only its one line
+    # the Batch API (gateway/batch/): its limits, and how much room it leaves online requests
+    batch_api: bool = True
+    batch_max_file_bytes: int = 100 << 20
+    batch_max_lines: int = 50_000
+    batch_max_open: int = 16
+    batch_idle_margin: float = 0.1
+    batch_max_queued: int = 4
+    batch_lease_seconds: float = 15.0
 
     def pd_split(self) -> tuple[int, int] | None:
         """(prefill, decode) worker counts when disaggregated, else None."""
@@ -195,6 +203,16 @@ class GatewayConfig:
 
 
 is_loopback_host = is_loopback  # the one check, shared with runtime/transport/serve.py
+
+
+def check_batch(config: GatewayConfig) -> None:
+    """The Batch API's limits: positive counts, a margin in [0, 1)."""
+    for name in ("batch_max_file_bytes", "batch_max_lines", "batch_max_open",
+                 "batch_max_queued", "batch_lease_seconds"):
+        if getattr(config, name) <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= config.batch_idle_margin < 1:
+        raise SystemExit("--batch-idle-margin must be in [0, 1)")
 
 
 def refuse_open_keyless(config: GatewayConfig) -> None:
@@ -388,6 +406,7 @@ def load_config(argv: list[str] | None = None,
     if config.tool_call_parser not in TOOL_CALL_PARSERS:
         raise SystemExit(f"--tool-call-parser takes {', '.join(TOOL_CALL_PARSERS)}, not "
                          f"{config.tool_call_parser[:40]!r}")
+    check_batch(config)
     if config.log_format not in LOG_FORMATS:
         raise SystemExit(f"--log-format takes {' or '.join(LOG_FORMATS)}, not "
                          f"{config.log_format[:40]!r}")

@@ -107,4 +107,16 @@ HELP = {
                    "needs the ray extra",
     "debug": "show the traceback of a start-up error (the gateway's and each worker's), not "
              "only its one line",
+    # the Batch API (gateway/batch/)
+    "batch_api": "serve OpenAI's Files and Batch API (/v1/files, /v1/batches), running batch "
+                 "lines only in idle capacity",
+    "batch_max_file_bytes": "largest file /v1/files takes, in bytes (413 over it)",
+    "batch_max_lines": "most lines one batch input file may hold (400 over it)",
+    "batch_max_open": "most batches a tenant may have open (validating, in progress, "
+                      "finalizing or cancelling) at once (429 over it)",
+    "batch_idle_margin": "fraction of the workers' request slots (at least one) and KV blocks "
+                         "batch lines leave free for online requests",
+    "batch_max_queued": "most batch lines admitted and not yet on a worker at once",
+    "batch_lease_seconds": "a gateway's hold on a batch it runs; another gateway takes the "
+                           "batch over this long after the holder stopped renewing it",
 }

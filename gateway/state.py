@@ -13,6 +13,7 @@ from gateway.errors import APIError
 from gateway.openai.reasoning import resolve_parser
 from gateway.openai.tool_parsers import resolve as resolve_tool_parser
 from gateway.serving.accounting import Accounting
+from gateway.serving.batch_view import BatchTierView
 from gateway.serving.dispatch import Dispatcher
 from gateway.serving.inflight import InFlightTable
 from gateway.serving.queue import RequestQueue
@@ -42,6 +43,7 @@ class GatewayState:
     served_names: tuple[str, ...]  # every name clients may ask for (--served-model-name)
     keys: KeyStore | None = None  # None: single-tenant development mode; SIGHUP swaps it
     telemetry: Telemetry | None = None  # when enabled
+    batch: BatchTierView | None = None  # the Batch API's idle-capacity runner, when on
     # from the first worker ready: until then requests get 503 (require_service)
     service: GenerationService | None = None
     metrics: GatewayMetrics | None = None

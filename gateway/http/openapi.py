@@ -18,7 +18,13 @@ from pydantic import TypeAdapter
 from pydantic.json_schema import models_json_schema
 
 from gateway.anthropic import schema as anthropic
-from gateway.http.openapi_extensions import REF, admin_paths, extension_paths, messages_paths
+from gateway.http.openapi_extensions import (
+    REF,
+    admin_paths,
+    batch_paths,
+    extension_paths,
+    messages_paths,
+)
 from gateway.http.websocket import MAX_REQUESTS_PER_SOCKET
 from gateway.openai.schema import admin, websocket
 from gateway.openai.schema.json_schema import (
@@ -54,7 +60,9 @@ Closing the socket cancels all its requests. Authenticate with the same
 def _errors(*statuses: int) -> dict:
     why = {400: "Invalid request (`param` names the field).", 401: "Missing or unknown API key.",
            402: "The tenant's budget is spent.", 403: "The key may not use this route.",
-           404: "Not found.", 409: "Conflicts with the pool's state (the last worker).",
+           404: "Not found.", 409: "Conflicts with the pool's state (the last worker), or a "
+                                   "batch that has ended.",
+           413: "Over a size limit.", 415: "Not the media type the route reads.",
            429: "Rate limited or queue full; see Retry-After.",
            502: "The worker could not be reached or started.",
            503: "Overloaded or not ready; see Retry-After."}
@@ -185,6 +193,7 @@ def build_openapi(model_names: str | tuple[str, ...]) -> dict:
             **extension_paths(_errors),
             **messages_paths(_anthropic_errors),
             **admin_paths(_errors),
+            **batch_paths(_errors),
         },
         "components": {"schemas": _anthropic_model_names(with_model_names(_components(),
                                                                           names)),

@@ -132,3 +132,86 @@ def admin_paths(errors) -> dict:
                                   "(admin or metrics keys)",
             "responses": _ok("Fleet", errors(401, 403))}},
     }
+
+
+def _inline(schema: dict, description: str = "OK") -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _path_param(name: str) -> list[dict]:
+    return [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
+FILE_OBJECT = {"type": "object", "description": "OpenAI's File object.",
+               "required": ["id", "object", "bytes", "created_at", "filename", "purpose",
+                            "status"],
+               "properties": {"id": {"type": "string"}, "object": {"const": "file"},
+                              "bytes": {"type": "integer"}, "created_at": {"type": "integer"},
+                              "filename": {"type": "string"}, "purpose": {"type": "string"},
+                              "status": {"type": "string"}}}
+BATCH_OBJECT = {"type": "object", "description": "OpenAI's Batch object: status, timestamps, "
+                "request_counts {total, completed, failed}, output and error file ids.",
+                "required": ["id", "object", "endpoint", "input_file_id", "completion_window",
+                             "status", "created_at", "request_counts"],
+                "properties": {"id": {"type": "string"}, "object": {"const": "batch"},
+                               "status": {"type": "string", "enum": [
+                                   "validating", "in_progress", "finalizing", "completed",
+                                   "failed", "expired", "cancelling", "cancelled"]}}}
+
+
+def _listed(item: dict) -> dict:
+    return {"type": "object", "properties": {"object": {"const": "list"},
+                                             "data": {"type": "array", "items": item},
+                                             "has_more": {"type": "boolean"}}}
+
+
+def batch_paths(errors) -> dict:
+    """OpenAI's Files and Batch API (gateway/http/files_route.py, batches_route.py)."""
+    secured: dict = {"security": [{"bearer": []}]}
+    page = [{"name": "limit", "in": "query", "schema": {"type": "integer"}},
+            {"name": "after", "in": "query", "schema": {"type": "string"}}]
+    upload = {"required": True, "content": {"multipart/form-data": {"schema": {
+        "type": "object", "required": ["file", "purpose"],
+        "properties": {"file": {"type": "string", "format": "binary"},
+                       "purpose": {"const": "batch"}}}}}}
+    create = {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["input_file_id", "endpoint", "completion_window"],
+        "properties": {"input_file_id": {"type": "string"},
+                       "endpoint": {"enum": ["/v1/chat/completions", "/v1/completions",
+                                             "/v1/responses"]},
+                       "completion_window": {"const": "24h"},
+                       "metadata": {"type": "object"}}}}}}
+    return {
+        "/v1/files": {
+            "post": {**secured, "summary": "Upload a batch input file (JSONL)",
+                     "requestBody": upload,
+                     "responses": {"200": _inline(FILE_OBJECT), **errors(400, 401, 413, 415)}},
+            "get": {**secured, "summary": "This tenant's files", "parameters": page,
+                    "responses": {"200": _inline(_listed(FILE_OBJECT)), **errors(400, 401)}}},
+        "/v1/files/{file_id}": {
+            "parameters": _path_param("file_id"),
+            "get": {**secured, "summary": "A file",
+                    "responses": {"200": _inline(FILE_OBJECT), **errors(401, 404)}},
+            "delete": {**secured, "summary": "Delete a file",
+                       "responses": {"200": {"description": "Deleted"}, **errors(401, 404)}}},
+        "/v1/files/{file_id}/content": {
+            "parameters": _path_param("file_id"),
+            "get": {**secured, "summary": "A file's bytes (input, output or error JSONL)",
+                    "responses": {"200": {"description": "The file", "content": {
+                        "application/octet-stream": {"schema": {"type": "string"}}}},
+                        **errors(401, 404)}}},
+        "/v1/batches": {
+            "post": {**secured, "summary": "Create a batch (run in idle capacity)",
+                     "requestBody": create,
+                     "responses": {"200": _inline(BATCH_OBJECT), **errors(400, 401, 404, 429)}},
+            "get": {**secured, "summary": "This tenant's batches", "parameters": page,
+                    "responses": {"200": _inline(_listed(BATCH_OBJECT)), **errors(400, 401)}}},
+        "/v1/batches/{batch_id}": {
+            "parameters": _path_param("batch_id"),
+            "get": {**secured, "summary": "A batch",
+                    "responses": {"200": _inline(BATCH_OBJECT), **errors(401, 404)}}},
+        "/v1/batches/{batch_id}/cancel": {
+            "parameters": _path_param("batch_id"),
+            "post": {**secured, "summary": "Cancel a batch",
+                     "responses": {"200": _inline(BATCH_OBJECT), **errors(401, 404, 409)}}},
+    }

@@ -8,12 +8,15 @@ import time
 from aiohttp import web
 
 from billing.ledger import PERIOD_FORMATS
+from gateway.batch.runner import BATCH
 from gateway.errors import bad_request
 from gateway.http.admin_workers import add_admin_worker_routes
 from gateway.http.auth import authenticate, is_admin_caller, require_admin, require_metrics_reader
+from gateway.http.batches_route import add_batches_routes
 from gateway.http.completions import respond_json, stream_sse
 from gateway.http.error_middleware import json_response
 from gateway.http.feed_route import telemetry_handler
+from gateway.http.files_route import add_files_routes
 from gateway.http.messages_route import add_messages_routes
 from gateway.http.openapi import build_openapi
 from gateway.http.request_body import generation, trace_context, validate
@@ -134,3 +137,6 @@ def add_routes(app: web.Application) -> None:
     add_responses_routes(app)
     add_messages_routes(app)  # Anthropic's Messages API
     add_admin_worker_routes(app)  # and the pool's, autoscale's and the fleet's tasks
+    if BATCH in app:  # --batch-api (on by default)
+        add_files_routes(app)
+        add_batches_routes(app)

@@ -13,6 +13,8 @@ salt and the prompt's first tokens) if that worker is eligible, else to the leas
 identical new prefixes still meet before any worker has reported caching them. When no worker
 has room, a job more urgent than the least urgent request on some worker is sent there anyway:
 the worker's scheduler preempts that request, which resumes later with its output unchanged.
+Batch lines (gateway/batch/) run in the least urgent class, so any online job preempts them
+this way, and they never preempt anything: they take only free room.
 A draining worker (`draining`, gateway/serving/worker_pool.py) is given nothing new, not even
 by preemption: its running requests finish and it leaves the pool.
 
@@ -108,7 +110,7 @@ class Dispatcher:
     def enqueue(self, job: InFlightRequest, virtual_start: float | None = None) -> None:
         """Queue a job (raises QueueFull); the dispatcher assigns it when a worker has room."""
         job.entry = QueueEntry(job.request_id, job.priority, job, virtual_start=virtual_start,
-                               tenant=job.tenant)
+                               tenant=job.tenant, batch=job.tier == "batch")
         self._shares[job.tenant] = job.running_share  # the latest key file's, after a SIGHUP
         displaced = self.queue.push(job.entry)
         if displaced is not None and not displaced.payload.assigned.done():
@@ -233,8 +235,8 @@ class Dispatcher:
         (its least urgent class is the job's or less urgent: a bulk job never preempts an
         interactive one). The job runs there one class more urgent than its own, so the
         worker's scheduler preempts its least urgent, latest request for it."""
-        if self.disaggregated or self.at_cap(job.tenant, slots):
-            return None
+        if self.disaggregated or job.tier == "batch" or self.at_cap(job.tenant, slots):
+            return None  # a batch line takes only free room: it never preempts
         best, most = None, 0
         for w in self.workers:
             least = w.least_urgent_priority() if w.alive and w.index not in self.draining \
@@ -338,7 +340,10 @@ class Dispatcher:
                 prefill.send_message(AbortRequest(sub_id))
 
     def choose_by_preemption(self, job: InFlightRequest) -> WorkerHandle | None:
-        """A worker running something strictly less urgent than this job, if any."""
+        """A worker running something strictly less urgent than this job, if any: a batch
+        line (the least urgent class) for any online job; a batch line itself never preempts."""
+        if job.tier == "batch":
+            return None
         best, best_priority = None, job.priority
         for w in self.workers:
             p = w.least_urgent_priority() if w.alive and w.index not in self.draining \

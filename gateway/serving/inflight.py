@@ -73,6 +73,10 @@ class InFlightRequest:
     stream: OutputStream = field(default_factory=OutputStream)  # outputs of every choice
     model_name: str | None = None
     trace_headers: dict | None = None  # the client's traceparent / tracestate
+    # "online", or "batch": a line of a Batch API job, run only in idle capacity and billed
+    # at the price book's batch multiplier; `batch_id` names its batch
+    tier: str = "online"
+    batch_id: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     # where it is
     phase: Phase | None = None  # None: admitted, not yet queued

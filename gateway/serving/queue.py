@@ -8,6 +8,11 @@ as if it had come too late, so a burst of bulk traffic never locks urgent reques
 Because every waiting entry ages at the same rate, the order is fixed at insertion: the key
 priority * aging_seconds + start sorts exactly like the aged priority at any moment.
 
+The batch tier's lines (gateway/batch/) wait behind every online entry whatever their age:
+their key starts at BATCH_KEY, past any online key, so aging never lifts one over an online
+request, and a full queue displaces them first. The queue counts them (`batch_waiting`), so
+the batch runner can tell whether anything online waits.
+
 Each tenant's entries wait in a heap of their own, and the tenants' lines in a heap by their
 first entries, so the queue pops in the one global order, and the dispatcher can pass over a
 tenant holding its share of the running batch (`peek(skip)`) without scanning that tenant's
@@ -28,6 +33,7 @@ if TYPE_CHECKING:
     from gateway.serving.inflight import InFlightRequest
 
 RANK_TTL = 0.2  # seconds a ranking of the line serves position queries
+BATCH_KEY = 1e12  # batch entries' keys start here: past any online key (class x aging + start)
 
 
 class QueueFull(Exception):
@@ -44,6 +50,7 @@ class QueueEntry:
     arrival: float = field(default_factory=time.monotonic)
     virtual_start: float | None = None  # fair-share start time; None: the arrival
     tenant: str = ""  # whose line it waits in
+    batch: bool = False  # a batch tier's line: behind every online entry
     key: float = 0.0
     seq: int = 0  # ties in `key` go to the earlier push
     pos: int = -1  # its index in its tenant's heap
@@ -126,6 +133,7 @@ class RequestQueue:
         self._heads = _Heap()  # the lines, by their first entries
         self._count = itertools.count()
         self._size = 0
+        self.batch_waiting = 0  # batch entries in line
         self._drain_times: list[float] = []  # recent dequeue times, for Retry-After
         self._ranks: dict[QueueEntry, int] = {}  # see position()
         self._ranked_at = -math.inf
@@ -138,6 +146,8 @@ class RequestQueue:
         entry comes before it, else raise QueueFull."""
         start = entry.arrival if entry.virtual_start is None else entry.virtual_start
         entry.key = entry.priority * self.aging_seconds + start
+        if entry.batch:
+            entry.key = BATCH_KEY + start
         entry.seq = next(self._count)
         displaced = None
         if self._size >= self.max_size:
@@ -157,6 +167,7 @@ class RequestQueue:
                 self._heads.fix(line.pos)
         entry.queued = True
         self._size += 1
+        self.batch_waiting += entry.batch
         return displaced
 
     def peek(self, skip: Collection[str] = ()) -> QueueEntry | None:
@@ -192,8 +203,14 @@ class RequestQueue:
             self._heads.fix(line.pos)
         entry.queued = False
         self._size -= 1
+        self.batch_waiting -= entry.batch
         self._ranks.pop(entry, None)  # a stale ranking must not keep it alive either
         return True
+
+    @property
+    def online_waiting(self) -> int:
+        """Entries in line that are not batch lines."""
+        return self._size - self.batch_waiting
 
     def __contains__(self, entry: QueueEntry) -> bool:
         return entry.queued
