@@ -93,7 +93,9 @@ def test_a_batch_large_enough_for_the_panel_kernel_gives_the_same_tokens(make_ti
     """34 decodes at once: every projection of the fused layer runs from its panels
     (cpu_ops.PANEL_MIN_ROWS), and the tokens are the op-by-op engine's."""
     params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
-    many = dict(quant_max_rows=64, max_num_seqs=40, num_blocks=256, max_num_batched_tokens=512)
+    # the inter-token budget off: all 34 prompts prefill in one step, so all decode together
+    many = dict(quant_max_rows=64, max_num_seqs=40, num_blocks=256, max_num_batched_tokens=512,
+                itl_target_ms=0)
     plain = engine(make_tiny_engine, monkeypatch, fused=False, **many)
     prompts = [plain.tokenizer.encode(f"{PROMPTS[i % len(PROMPTS)]} {i}") for i in range(34)]
     expected = plain.generate(prompts, params)
