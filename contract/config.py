@@ -202,7 +202,7 @@ class ModelConfig:
 QUANTIZATIONS = ("auto", "none", "int8", "int4")  # runtime/loading/quantization.py
 OVERLAP_MODES = ("auto", "on", "off")  # runtime/execution/overlap.py
 THREAD_POLICIES = ("adaptive", "fixed")  # runtime/execution/thread_governor.py
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # runtime/execution/runner.py
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")  # runtime/execution/runner.py
 _CHOICES = {"quantization": QUANTIZATIONS, "overlap": OVERLAP_MODES,
             "thread_policy": THREAD_POLICIES, "kv_cache_dtype": KV_CACHE_DTYPES}
 

@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from kernels import cpu_ops
+from kernels import cpu_ops, kv_int8
 from kernels.cpu_api import LayerWeights, Matrix, StepCache  # mirrored from kernels/cpu/api.h
 
 # a block weight's steps above its crossover run the float copy in C (f32_ops.c) up to here
@@ -130,6 +130,7 @@ class FusedDecoder:
             else meta.decode_tables.contiguous()
         lens = meta.decode_lens.contiguous()
         k0 = kv_caches[0][0]
+        kv_int8.check_width(k0, self.weights[0].head_dim)  # an int8 cache: rows and scales
         step = StepCache(cos.data_ptr(), sin.data_ptr(), None, None, k0.stride(0), k0.stride(1),
                          slots.data_ptr(), tables.data_ptr(), lens.data_ptr(), tables.stride(0),
                          meta.block_size, cpu_ops.CACHE_KINDS[k0.dtype])

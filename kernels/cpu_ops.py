@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kernels import kv_int8
 from kernels.cpu_api import BLOCK_FORMATS, AttentionArgs, StoreKVArgs, bind
 from kernels.cpu_build import load
 
@@ -37,8 +38,9 @@ def accepts(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and available()
 
 
-# the KV cache element types the C ops read and write, as simd.h numbers them
-CACHE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# the KV cache element types the C ops read and write, as simd.h numbers them (int8: rows with
+# their scales, kernels/kv_int8.py)
+CACHE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
 
 
 def accepts_cache(dtype: torch.dtype) -> bool:
@@ -205,6 +207,7 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     """float32 key, value [T, KVH, D] (inner stride 1) into caches [slots, KVH, D] of a
     `CACHE_KINDS` dtype at slot_mapping (negative slots skipped), rounded as torch casts."""
     t, kvh, d = key.shape
+    kv_int8.check_width(k_cache, d)
     slot_mapping = slot_mapping.contiguous()
     # by field name: a reordered struct in api.h cannot shift these into the wrong fields
     args = StoreKVArgs(k=key.data_ptr(), v=value.data_ptr(), k_row=key.stride(0),
@@ -220,6 +223,7 @@ def _attention_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
                     out: torch.Tensor, window: int = 0) -> AttentionArgs:
     """The C struct of q and out [rows, H, D], the caches [slots, KVH, D] and the tables
     (`window` > 0: each query sees only that many positions back, its own included)."""
+    kv_int8.check_width(k_cache, q.shape[2])
     return AttentionArgs(window=window,
         q=q.data_ptr(), q_row=q.stride(0), q_head=q.stride(1), k_cache=k_cache.data_ptr(),
         v_cache=v_cache.data_ptr(), cache_slot=k_cache.stride(0), cache_head=k_cache.stride(1),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import kv_int8
 from kernels._utils import (
     cdiv,
     check,
@@ -54,7 +55,8 @@ def paged_decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     b, n_ctx = slots.shape
     k = k_cache.index_select(0, slots.reshape(-1)).view(b, n_ctx, *k_cache.shape[1:])
     v = v_cache.index_select(0, slots.reshape(-1)).view(b, n_ctx, *v_cache.shape[1:])
-    k, v = k.to(q.dtype), v.to(q.dtype)  # a narrower cache (float16 under float32) widened
+    # a narrower cache (float16 under float32) widened, an int8 one dequantized
+    k, v = kv_int8.widen(k, k_cache, q.dtype), kv_int8.widen(v, v_cache, q.dtype)
     mask = valid[:, None, None, :]
     out = F.scaled_dot_product_attention(q[:, :, None, :], k.transpose(1, 2), v.transpose(1, 2),
                                          attn_mask=mask, scale=scale, enable_gqa=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import kv_int8
 from kernels._utils import (
     cdiv,
     check,
@@ -40,8 +41,9 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     else:
         k = k_cache.index_select(0, slots)
         v = v_cache.index_select(0, slots)
-    # what the cache holds, in q's dtype: a narrower cache's rounding included
-    k, v = k.to(k_cache.dtype).to(q.dtype), v.to(v_cache.dtype).to(q.dtype)
+    # what the cache holds, in q's dtype: a narrower cache's rounding (or an int8 one's
+    # quantization) included
+    k, v = kv_int8.widen(k, k_cache, q.dtype), kv_int8.widen(v, v_cache, q.dtype)
     qh, kh, vh = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     if num_prefix == 0:
         out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale,

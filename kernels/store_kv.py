@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import kv_int8
 from kernels._utils import (
     cdiv,
     check,
@@ -24,7 +25,13 @@ from kernels._utils import (
 def store_kv_ref(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """key, value: [num_tokens, num_kv_heads, head_dim]; caches: [num_slots, num_kv_heads,
-    head_dim] (num_slots = num_blocks * block_size); slot_mapping: [num_tokens] int64."""
+    head_dim] (num_slots = num_blocks * block_size; an int8 cache's rows are head_dim + 4
+    bytes, kernels/kv_int8.py); slot_mapping: [num_tokens] int64."""
+    if kv_int8.is_int8(k_cache):
+        kv_int8.check_width(k_cache, key.shape[-1])
+        k_cache.index_copy_(0, slot_mapping, kv_int8.quantize_rows(key))
+        v_cache.index_copy_(0, slot_mapping, kv_int8.quantize_rows(value))
+        return
     k_cache.index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 

@@ -1,5 +1,6 @@
-/* Attention over the paged KV cache on the CPU, float32 queries against a float32, float16 or
- * bfloat16 cache (each body compiled once per element type, so its loads carry no branch):
+/* Attention over the paged KV cache on the CPU, float32 queries against a float32, float16,
+ * bfloat16 or int8 cache (each body compiled once per element type, so its loads carry no
+ * branch; an int8 row's scale, simd.h, multiplies its score or its softmax weight):
  * decodes (one new token a sequence) and prefill/extend chunks (many new tokens a sequence,
  * causal), one kernel for both.
  *
@@ -37,10 +38,14 @@
 #define AHEAD 2      /* chunks between the one computed and the one fetched */
 #define PF_HINT _MM_HINT_T0 /* toward L1; L2 (T2) measured alike */
 
-/* cache values from element `at` of base as floats: 16, 8 or one */
+/* cache values from element `at` of base as floats: 16, 8 or one (an int8 cache's unscaled:
+ * its row scale is applied once a row, to the score or the softmax weight) */
 #ifdef __AVX512F__
 INLINE __m512 kv16(const void *base, int64_t at, int kind) {
     if (kind == KV_F32) return _mm512_loadu_ps((const float *)base + at);
+    if (kind == KV_I8)
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)base + at))));
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + at));
     if (kind == KV_F16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -48,12 +53,14 @@ INLINE __m512 kv16(const void *base, int64_t at, int kind) {
 #endif
 INLINE __m256 kv8(const void *base, int64_t at, int kind) {
     if (kind == KV_F32) return _mm256_loadu_ps((const float *)base + at);
+    if (kind == KV_I8) return load_i8((const int8_t *)base + at);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + at));
     if (kind == KV_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 INLINE float kv1(const void *base, int64_t at, int kind) {
     if (kind == KV_F32) return ((const float *)base)[at];
+    if (kind == KV_I8) return (float)((const int8_t *)base)[at];
     uint16_t h = ((const uint16_t *)base)[at];
     if (kind == KV_F16) return _cvtsh_ss(h);
     uint32_t bits = (uint32_t)h << 16;
@@ -68,9 +75,12 @@ INLINE float kv1(const void *base, int64_t at, int kind) {
 INLINE void fetch_rows(const void *base, const int64_t *ahead, int i0, int i1, int na,
                        int64_t D, int kind) {
     const int64_t size = kv_size(kind);
-    for (int i = i0; i < i1 && i < na; i++)
+    for (int i = i0; i < i1 && i < na; i++) {
         for (int64_t d = 0; d < D; d += 64 / size)
             _mm_prefetch((const char *)base + (ahead[i] + d) * size, PF_HINT);
+        if (kind == KV_I8) /* the scale's line, where the row ends past its last fetched one */
+            _mm_prefetch((const char *)base + ahead[i] + D + KV_I8_SCALE - 1, PF_HINT);
+    }
 }
 
 /* q . the cache row at element `at`, D values */
@@ -115,6 +125,10 @@ INLINE __m512 sums16(__m512 a[CHUNK]) {
 INLINE void chunk_scores(const float *const q[QG], const void *kc, const int64_t *offs, int n,
                          int64_t D, float scale, float s[QG][CHUNK], int kind,
                          const int64_t *ahead, int na) {
+    float row_scale[CHUNK]; /* an int8 cache's key scales times `scale`, a lane a position */
+    if (kind == KV_I8)
+        for (int i = 0; i < CHUNK; i++)
+            row_scale[i] = scale * kv_row_scale((const int8_t *)kc + offs[i], D);
 #ifdef __AVX512F__
     if (D % 16 == 0) {
         __m512 part[QG][CHUNK];
@@ -138,14 +152,15 @@ INLINE void chunk_scores(const float *const q[QG], const void *kc, const int64_t
             for (int j = 0; j < QG; j++)
                 for (int p = 0; p < 4; p++) part[j][TRANSPOSED(i0 + p)] = acc[j][p];
         }
-        for (int j = 0; j < QG; j++)
-            _mm512_storeu_ps(s[j], _mm512_mul_ps(sums16(part[j]), _mm512_set1_ps(scale)));
+        const __m512 by = kind == KV_I8 ? _mm512_loadu_ps(row_scale) : _mm512_set1_ps(scale);
+        for (int j = 0; j < QG; j++) _mm512_storeu_ps(s[j], _mm512_mul_ps(sums16(part[j]), by));
         return;
     }
 #endif
     for (int i = 0; i < n; i++) {
         fetch_rows(kc, ahead, i, i + 1 < n ? i + 1 : CHUNK, na, D, kind);
-        for (int j = 0; j < QG; j++) s[j][i] = dot_kv(q[j], kc, offs[i], D, kind) * scale;
+        const float by = kind == KV_I8 ? row_scale[i] : scale;
+        for (int j = 0; j < QG; j++) s[j][i] = dot_kv(q[j], kc, offs[i], D, kind) * by;
     }
 }
 
@@ -233,7 +248,7 @@ INLINE float chunk_weights(float *s, int lo, int n, float *m, float *l) {
 typedef struct {
     const void *k, *v;
     int64_t slot, head, page; /* strides in elements; positions a page */
-    int kind;                 /* KV_F32, KV_F16 or KV_BF16 */
+    int kind;                 /* KV_F32, KV_F16, KV_BF16 or KV_I8 */
     int64_t window;           /* 0: no window */
 } Cache;
 
@@ -307,6 +322,11 @@ INLINE int attend_body(const float *q, int64_t q_row, int64_t q_head, int64_t ro
                 for (int j = 0; j < QG; j++)
                     corr[j] = chunk_weights(s[j], before[j], seen[j] < most ? seen[j] : most,
                                             ms[j], ls[j]);
+                if (kind == KV_I8) /* each value row's scale, into its weight (l has it not) */
+                    for (int i = 0; i < most; i++) {
+                        const float d = kv_row_scale((const int8_t *)vh + offs[i], D);
+                        for (int j = 0; j < QG; j++) s[j][i] *= d;
+                    }
                 add_values(accs, corr, s, vh, offs, most, D, kind, ahead, f ? 0 : (int)na);
             }
         }
@@ -328,8 +348,10 @@ static int attend_task(const float *q, int64_t q_row, int64_t q_head, int64_t ro
 #define ATTEND(kind)                                                                       \
     attend_body(q, q_row, q_head, rows, first, c, table, h0, h1, G, D, scale, out, out_row, \
                 out_head, kind)
-    return c->kind == KV_F16 ? ATTEND(KV_F16) : c->kind == KV_BF16 ? ATTEND(KV_BF16)
-                                                                   : ATTEND(KV_F32);
+    return c->kind == KV_F16    ? ATTEND(KV_F16)
+           : c->kind == KV_BF16 ? ATTEND(KV_BF16)
+           : c->kind == KV_I8   ? ATTEND(KV_I8)
+                                : ATTEND(KV_F32);
 #undef ATTEND
 }
 

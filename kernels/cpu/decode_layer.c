@@ -11,7 +11,8 @@
  * Contract (the Python side, kernels/cpu_layer.py, checks it): float32 activations; each
  * weight int8 with one float32 scale per row, or in a file's own blocks (with its float copy,
  * or without one: then the blocks at every step size);
- * caches [slots, KVH, D] of float32, float16 or bfloat16 with unit inner stride, int64
+ * caches [slots, KVH, D] of float32, float16 or bfloat16 (or int8 rows [slots, KVH, D + 4]
+ * ending in their scales, simd.h) with unit inner stride, int64
  * slots, tables and lengths, and B sequences each at the token whose K/V goes to slots[b]
  * and whose context is then lens[b] long. Attention is attention.c's, work-shared inside the
  * region.

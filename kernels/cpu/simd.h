@@ -2,6 +2,7 @@
 #ifndef INFERSTACK_SIMD_H
 #define INFERSTACK_SIMD_H
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -53,14 +54,52 @@ INLINE float dot(const float *a, const float *b, int64_t D) {
 /* a KV cache's element type (the kind the ops are passed): a float16 cache reads half the
  * bytes of a float32 one, and at 64 decoding sequences those bytes are what decode attention
  * waits for */
-enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3 };
 
-INLINE int64_t kv_size(int kind) { return kind == KV_F32 ? 4 : 2; }
+/* An int8 cache row (per token and KV head): D int8 values q, then the row's float32 scale
+ * d = absmax / 127 in the next 4 bytes, value i = q[i] * d (kernels/kv_int8.py writes the
+ * same bytes). One scale a row, not one a block of 32 as GGUF's Q8_0: attention folds it into
+ * the row's score (keys) or softmax weight (values), once a row, so the inner loops are the
+ * float16 cache's with a byte load, where a scale per 32 values costs a multiply a block.
+ * The cache is an int8 tensor [slots, KVH, D + KV_I8_SCALE]: its strides count bytes. */
+#define KV_I8_SCALE 4
 
-/* n floats into a cache row at dst, rounded to nearest even as torch's casts round */
+INLINE int64_t kv_size(int kind) { return kind == KV_F32 ? 4 : kind == KV_I8 ? 1 : 2; }
+
+/* the scale of the int8 row at `row` (D values) */
+INLINE float kv_row_scale(const void *row, int64_t D) {
+    float d;
+    memcpy(&d, (const char *)row + D, sizeof d);
+    return d;
+}
+
+/* n floats as an int8 row with its scale at dst: q = round-to-even(x * (127 / absmax)), the
+ * products and rounding torch's quantize_rows makes, so both write the same bytes */
+INLINE void put_i8(void *dst, const float *src, int64_t n) {
+    __m256 m = _mm256_setzero_ps();
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(src + d), magnitude));
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, m);
+    for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+    for (; d < n; d++) amax = fabsf(src[d]) > amax ? fabsf(src[d]) : amax;
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, scale = amax / 127.0f;
+    int8_t *q = dst;
+    for (d = 0; d < n; d++) q[d] = (int8_t)nearbyintf(src[d] * inv);
+    memcpy(q + n, &scale, sizeof scale);
+}
+
+/* n floats into a cache row at dst, rounded to nearest even as torch's casts round (an int8
+ * row: quantized, its scale after it) */
 INLINE void put_kv(void *dst, const float *src, int64_t n, int kind) {
     if (kind == KV_F32) {
         memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    if (kind == KV_I8) {
+        put_i8(dst, src, n);
         return;
     }
     uint16_t *h = dst;

@@ -29,6 +29,7 @@ from runtime.execution.cuda_graphs import DecodeGraphs, capture_sizes
 from runtime.execution.overlap import PendingStep, placeholder_fill
 from runtime.execution.sampler import Sampler, SamplingRow, score_tokens
 from runtime.kv.block_pool import padding_block_id
+from runtime.kv.cache_format import cache_row_width, cache_shape, kv_bytes_per_token
 from runtime.loading.calibration import Calibration, resolve_cache_dir
 from runtime.loading.quantization import resolve as resolve_quantization
 from runtime.models.attention import AttentionMetadata, RotaryTable
@@ -81,7 +82,7 @@ def lazily_zeroed(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def num_kv_blocks(model_cfg: ModelConfig, config: EngineConfig, kv_dtype: torch.dtype) -> int:
     if config.num_blocks is not None:
         return config.num_blocks
-    per_token = model_cfg.kv_bytes_per_token // 4 * torch.finfo(kv_dtype).bits // 8
+    per_token = kv_bytes_per_token(model_cfg, kv_dtype)  # an int8 row: its scale too
     return max(1, config.kv_cache_bytes // (per_token * config.block_size))
 
 
@@ -127,7 +128,7 @@ class ModelRunner:
         2 (K, V), or 1 where they share one (latent attention: its latent rows)."""
         c = self.model_cfg
         return (c.num_hidden_layers, c.kv_tensors, self.block_size, c.kv_cache_heads,
-                c.kv_cache_dim)
+                cache_row_width(c.kv_cache_dim, self.kv_dtype))
 
     # ---- KV copies for the prefix cache's disk tier and PD transfers ---------------------
     def read_block(self, block_id: int) -> torch.Tensor:
@@ -158,8 +159,8 @@ class ModelRunner:
         tensor (latent attention) the pair is that tensor twice, allocated once."""
         start = time.perf_counter()
         c = self.model_cfg
-        shape = ((self.num_blocks + 1) * self.block_size, c.kv_cache_heads,
-                 c.kv_cache_dim)  # + the padding page
+        # + the padding page; an int8 cache's rows end in their scales
+        shape = cache_shape(c, (self.num_blocks + 1) * self.block_size, self.kv_dtype)
         layers, tensors = c.num_hidden_layers, c.kv_tensors
         if self.device.type == "cpu":
             caches = lazily_zeroed((layers, tensors, *shape), self.kv_dtype)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels import kv_int8
+
 
 def _slots(table: torch.Tensor, positions: torch.Tensor, page: int) -> torch.Tensor:
     return table[positions // page].long() * page + positions % page
@@ -26,8 +28,8 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     lo = max(int(q_pos[0]) - window + 1, 0)
     keys = torch.arange(lo, int(q_pos[-1]) + 1, device=q.device)
     slots = _slots(table, keys, page)
-    k = k_cache.index_select(0, slots).to(q.dtype)
-    v = v_cache.index_select(0, slots).to(q.dtype)
+    k = kv_int8.widen(k_cache.index_select(0, slots), k_cache, q.dtype)  # int8: dequantized
+    v = kv_int8.widen(v_cache.index_select(0, slots), v_cache, q.dtype)
     mask = (keys[None, :] <= q_pos[:, None]) & (keys[None, :] > q_pos[:, None] - window)
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                          v.transpose(0, 1)[None], attn_mask=mask, scale=scale,

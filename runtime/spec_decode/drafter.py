@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.kv.cache_format import cache_shape
 from runtime.loading.loader import load_checkpoint
 from runtime.scheduling.output import ScheduledRequest, SchedulerOutput
 from runtime.spec_decode.config import SpecConfig
@@ -51,7 +52,7 @@ class ModelDrafter:
             raise ValueError(f"the draft model's vocabulary ({cfg.vocab_size}) differs from "
                              f"the target's ({runner.model_cfg.vocab_size})")
         model = runner.build_model(cfg, checkpoint.weights)
-        shape = (runner.num_blocks * runner.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        shape = cache_shape(cfg, runner.num_blocks * runner.block_size, runner.kv_dtype)
         caches = [(torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device),
                    torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device))
                   for _ in range(cfg.num_hidden_layers)]

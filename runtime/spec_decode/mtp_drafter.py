@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from contract.outputs import StepSample
+from runtime.kv.cache_format import cache_shape
 from runtime.loading.calibration import Calibration, resolve_cache_dir
 from runtime.models.mtp import MTPModule, missing_mtp_tensors
 from runtime.models.weights import LinearMaker
@@ -86,7 +87,7 @@ class MTPDrafter:
         from runtime.execution.runner import lazily_zeroed
 
         r, c = self.runner, self.runner.model_cfg
-        shape = ((r.num_blocks + 1) * r.block_size, c.kv_cache_heads, c.kv_cache_dim)
+        shape = cache_shape(c, (r.num_blocks + 1) * r.block_size, r.kv_dtype)
         tensors = []
         for _ in range(c.kv_tensors):
             tensors.append(lazily_zeroed(shape, r.kv_dtype) if r.device.type == "cpu" else

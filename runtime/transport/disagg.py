@@ -40,6 +40,32 @@ log = logging.getLogger(__name__)
 
 GROUP_TIMEOUT = datetime.timedelta(seconds=30)
 TAG_STRIDE = 4096  # tags of a transfer: tag * TAG_STRIDE, then + 1 + block index
+# the cache element types a header names: a block's bytes mean nothing in another type (an
+# int8 cache's rows hold their scales, kernels/kv_int8.py), so the receiver checks them
+CACHE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int8: 3}
+MAX_DIMS = 6  # a block's dimensions a header has room for (runner.block_shape has 5)
+HEADER_LEN = 3 + MAX_DIMS
+
+
+def transfer_header(num_blocks: int, shape, dtype: torch.dtype) -> torch.Tensor:
+    """What a transfer starts with: its block count, each block's element type and shape."""
+    dims = list(shape)
+    return torch.tensor([num_blocks, CACHE_CODES[dtype], len(dims)]
+                        + dims + [0] * (MAX_DIMS - len(dims)), dtype=torch.int64)
+
+
+def header_mismatch(header: torch.Tensor, num_blocks: int, shape,
+                    dtype: torch.dtype) -> str | None:
+    """Why the sender's blocks cannot be written into this worker's cache (None: they can)."""
+    if int(header[0]) != num_blocks:  # the sender had dropped the request
+        return f"the prefill worker sent {int(header[0])} blocks, not {num_blocks}"
+    if torch.equal(header, transfer_header(num_blocks, shape, dtype)):
+        return None
+    names = {code: str(t).removeprefix("torch.") for t, code in CACHE_CODES.items()}
+    theirs = tuple(header[3:3 + int(header[2])].tolist())
+    return (f"the prefill worker's KV blocks are {names.get(int(header[1]), '?')} {theirs}, "
+            f"this worker's {names[CACHE_CODES[dtype]]} {tuple(shape)}: the workers of a "
+            f"deployment need one --kv-cache-dtype")
 
 
 class KVTransport:
@@ -86,7 +112,8 @@ class KVTransport:
             request_id, key, tag, blocks = self.sends.get()
             try:
                 pg = self.group(key, 0)
-                header = torch.tensor([len(blocks)], dtype=torch.int64)
+                header = (transfer_header(len(blocks), blocks[0].shape, blocks[0].dtype)
+                          if blocks else transfer_header(0, (), torch.float32))
                 pg.send([header], 1, tag * TAG_STRIDE).wait(GROUP_TIMEOUT)
                 works = [pg.send([block.contiguous()], 1, tag * TAG_STRIDE + 1 + i)
                          for i, block in enumerate(blocks)]  # all posted: a pipeline
@@ -103,11 +130,11 @@ class KVTransport:
             start, nbytes = time.time(), 0
             try:
                 pg = self.group(key, 1)
-                header = torch.zeros(1, dtype=torch.int64)
+                header = torch.zeros(HEADER_LEN, dtype=torch.int64)
                 pg.recv([header], 0, tag * TAG_STRIDE).wait(GROUP_TIMEOUT)
-                if int(header[0]) != num_blocks:  # the sender had dropped the request
-                    raise RuntimeError(f"the prefill worker sent {int(header[0])} blocks, "
-                                       f"not {num_blocks}")
+                mismatch = header_mismatch(header, num_blocks, shape, dtype)
+                if mismatch:
+                    raise RuntimeError(mismatch)
                 bufs = [torch.empty(shape, dtype=dtype) for _ in range(num_blocks)]
                 works = [pg.recv([buf], 0, tag * TAG_STRIDE + 1 + i)
                          for i, buf in enumerate(bufs)]
