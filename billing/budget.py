@@ -73,5 +73,12 @@ class BudgetBook:
         acct.reserved -= reservation.amount
         acct.spent += actual
 
+    def unspend(self, reservation: Reservation, amount: float) -> None:
+        """Take back what a settlement counted as spent, when the ledger shows that request
+        was billed before (its row was already there)."""
+        acct = self.accounts.get((reservation.tenant, reservation.period))
+        if acct is not None:
+            acct.spent -= amount
+
     def total_reserved(self) -> float:
         return sum(a.reserved for a in self.accounts.values())

@@ -7,6 +7,7 @@ Every figure is computed from its inputs; the published results are only compare
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass
@@ -140,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     prices = PriceBook.load(args.prices)
     if args.gpu_cost_per_hour is not None:
-        prices = PriceBook(prices.cache_hit_input, prices.cache_miss_input, prices.output,
-                           args.gpu_cost_per_hour, prices.windows, prices.name)
+        prices = dataclasses.replace(prices, gpu_cost_per_hour=args.gpu_cost_per_hour)
     if args.ledger:
         e, billed = from_ledger(args.ledger, prices, args.gpus, args.since, args.until)
         print(render(e, args.gpus))

@@ -27,8 +27,24 @@ class EmbeddedBudgets:
         self.book.settle(reservation, 0.0)
 
     def settle(self, reservation: Reservation, row: LedgerRow) -> asyncio.Future | None:
+        """Spent grows at once (a budget errs on the side of refusing), and is given back
+        when the ledger finds it already held this request id's row: a settlement repeated
+        (a batch line run again after a crash) is billed once."""
         self.book.settle(reservation, row.cost_total)
-        return self.ledger.record(row) if self.ledger is not None else None
+        if self.ledger is None:
+            return None
+        committed = self.ledger.record(row)
+        if committed is not None:
+            committed.add_done_callback(
+                lambda f: self._unless_new(f, reservation, row.cost_total))
+        return committed
+
+    def _unless_new(self, committed: asyncio.Future, reservation: Reservation,
+                    cost: float) -> None:
+        if committed.cancelled() or committed.exception() is not None:
+            return  # not written: it stays counted, as the budget cannot tell
+        if committed.result() is False:
+            self.book.unspend(reservation, cost)
 
     def total_reserved(self) -> float:
         return self.book.total_reserved()

@@ -28,7 +28,7 @@ import asyncpg
 
 from billing.budget import BudgetExceeded, Reservation, period_start
 from billing.keys import Tenant
-from billing.ledger import LedgerRow
+from billing.ledger import TOTALS_NAMES, LedgerRow
 from billing.pg_ledger import PgLedger
 from billing.pg_sql import (
     COMMITTED,
@@ -276,9 +276,7 @@ class PgBudgets:
     async def totals(self, period: str = "day", since: float | None = None,
                      until: float | None = None, tenant: str | None = None) -> list[dict]:
         sql, args = totals_query(period, since, until, tenant)
-        names = ("tenant", "period", "requests", "cache_hit_tokens", "cache_miss_tokens",
-                 "output_tokens", "cost_cache_hit", "cost_cache_miss", "cost_output",
-                 "cost_total")
+        names = TOTALS_NAMES
         rows = await self._call(lambda conn: conn.fetch(sql, *args))
         return [dict(zip(names, tuple(r))) for r in rows]
 

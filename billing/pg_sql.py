@@ -9,7 +9,9 @@ gateway, and none needs an explicit transaction or a retry loop:
   before it left it, so together they can never pass the budget.
 - SETTLE deletes the reservation, inserts the ledger row ON CONFLICT (id) DO NOTHING and moves
   the amounts, all in one statement: run again (a retry after a lost answer, a replay from the
-  outbox) it finds no reservation and a row already there, and changes nothing.
+  outbox) it finds no reservation and a row already there, and changes nothing. A request run
+  again under the same id (a batch line after its gateway died) made a new reservation: that
+  is given back, and as the row is there, `spent` stays as it was.
 - REAP returns reservations whose gateway died before settling them (they expire); a late
   settlement still bills its row, as SETTLE moves `spent` whenever it inserts the row.
 
@@ -34,9 +36,12 @@ CREATE TABLE IF NOT EXISTS requests (
     cost_output DOUBLE PRECISION NOT NULL, cost_total DOUBLE PRECISION NOT NULL,
     price_multiplier DOUBLE PRECISION NOT NULL,
     queue_seconds DOUBLE PRECISION, ttft_seconds DOUBLE PRECISION,
-    e2e_seconds DOUBLE PRECISION, finish_reason TEXT, status TEXT NOT NULL, kind TEXT
+    e2e_seconds DOUBLE PRECISION, finish_reason TEXT, status TEXT NOT NULL, kind TEXT,
+    tier TEXT NOT NULL DEFAULT 'online', batch_id TEXT
 );
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS kind TEXT;
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS tier TEXT NOT NULL DEFAULT 'online';
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS batch_id TEXT;
 CREATE INDEX IF NOT EXISTS requests_tenant_created ON requests (tenant, created);
 CREATE TABLE IF NOT EXISTS budget_periods (
     tenant TEXT NOT NULL, period TEXT NOT NULL,
@@ -136,6 +141,8 @@ def totals_query(period: str, since: float | None, until: float | None,
     sql = (f'SELECT tenant COLLATE "C", ({bucket}) COLLATE "C", COUNT(*), '
            f"SUM(cache_hit_tokens)::bigint, SUM(cache_miss_tokens)::bigint, "
            f"SUM(output_tokens)::bigint, SUM(cost_cache_hit), SUM(cost_cache_miss), "
-           f"SUM(cost_output), SUM(cost_total) FROM requests WHERE {' AND '.join(where)} "
+           f"SUM(cost_output), SUM(cost_total), COUNT(*) FILTER (WHERE tier = 'batch'), "
+           f"COALESCE(SUM(cost_total) FILTER (WHERE tier = 'batch'), 0) "
+           f"FROM requests WHERE {' AND '.join(where)} "
            f"GROUP BY 1, 2 ORDER BY 2 DESC, 1")
     return sql, args

@@ -7,6 +7,7 @@ TOML (every field optional; `preset` fills the three prices):
     cache_miss_input = 0.15
     output = 0.60
     gpu_cost_per_hour = 2.0
+    batch_multiplier = 0.5          # Batch API lines: on top of the window's multiplier
     [[windows]]                     # UTC; may wrap past midnight
     start = "16:30"
     end = "00:30"
@@ -23,6 +24,11 @@ PRESETS = {  # $ per million tokens: (cache-hit input, cache-miss input, output)
     "deepseek-v3": (0.07, 0.27, 1.10),
     "deepseek-r1": (0.14, 0.55, 2.19),
 }
+
+
+# who a request is served for: "online" (an API call waiting for its answer) or "batch" (a
+# line of a Batch API job, run in idle capacity)
+TIERS = ("online", "batch")
 
 
 class PriceBookError(ValueError):
@@ -71,6 +77,9 @@ class PriceBook:
     gpu_cost_per_hour: float = 2.0
     windows: tuple[PriceWindow, ...] = field(default_factory=tuple)
     name: str = "custom"
+    # batch-tier lines run in idle capacity and are sold at this fraction of the price in
+    # force (OpenAI's Batch API: half price)
+    batch_multiplier: float = 0.5
 
     @classmethod
     def preset(cls, name: str, gpu_cost_per_hour: float = 2.0) -> PriceBook:
@@ -100,7 +109,8 @@ class PriceBook:
         values = {"cache_hit_input": data.get("cache_hit_input", hit),
                   "cache_miss_input": data.get("cache_miss_input", miss),
                   "output": data.get("output", out),
-                  "gpu_cost_per_hour": data.get("gpu_cost_per_hour", 2.0)}
+                  "gpu_cost_per_hour": data.get("gpu_cost_per_hour", 2.0),
+                  "batch_multiplier": data.get("batch_multiplier", 0.5)}
         for k, v in values.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
                 raise PriceBookError(f"{where}: {k} must be a non-negative number, got {v!r}")
@@ -108,13 +118,15 @@ class PriceBook:
         return cls(**{k: float(v) for k, v in values.items()}, windows=windows,
                    name=data.get("preset", "custom"))
 
-    def multiplier(self, when: dt.datetime | None = None) -> float:
+    def multiplier(self, when: dt.datetime | None = None, tier: str = "online") -> float:
+        """The price multiplier in force: the time-of-day window's, times the batch
+        multiplier for a batch-tier request."""
+        if tier not in TIERS:
+            raise PriceBookError(f"unknown tier {tier!r}; choose from {TIERS}")
         when = when or dt.datetime.now(dt.UTC)
         minute = when.hour * 60 + when.minute
-        for w in self.windows:
-            if w.contains(minute):
-                return w.multiplier
-        return 1.0
+        window = next((w.multiplier for w in self.windows if w.contains(minute)), 1.0)
+        return window * self.batch_multiplier if tier == "batch" else window
 
     def cost(self, hit_tokens: float, miss_tokens: float, output_tokens: float,
              multiplier: float = 1.0) -> Cost:
@@ -126,6 +138,7 @@ class PriceBook:
         return {"name": self.name, "cache_hit_input": self.cache_hit_input,
                 "cache_miss_input": self.cache_miss_input, "output": self.output,
                 "gpu_cost_per_hour": self.gpu_cost_per_hour,
+                "batch_multiplier": self.batch_multiplier,
                 "windows": [{"start_minute": w.start_minute, "end_minute": w.end_minute,
                              "multiplier": w.multiplier} for w in self.windows]}
 

@@ -36,6 +36,8 @@ class RequestFinished:
     device: str | None
     trace_headers: dict | None  # the client's traceparent / tracestate
     worker_timing: dict | None  # wall-clock times the worker reported
+    tier: str = "online"  # billing.pricing.TIERS: "batch" for a line of a Batch API job
+    batch_id: str | None = None  # that job's id
 
     @property
     def miss_tokens(self) -> int:

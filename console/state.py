@@ -87,6 +87,21 @@ class CacheView:
 
 
 @dataclass(frozen=True)
+class TierView:
+    """Online and batch work apart, while the gateway runs the batch tier."""
+
+    batches_open: int
+    lines_waiting: int
+    lines_running: int
+    revenue_online: float  # since the gateway started
+    revenue_batch: float
+    per_gpu_hour_batch: float  # the batch tier's revenue per GPU-hour, last hour
+    busy_share_batch: float  # of all worker-busy seconds so far
+    util_online: float  # busy per worker-second, last minute
+    util_batch: float  # the utilisation the batch tier added
+
+
+@dataclass(frozen=True)
 class RevenueView:
     last_minute: float
     last_hour: float
@@ -100,6 +115,7 @@ class RevenueView:
     margin: float | None
     fleet_gpus: int
     annual: float
+    batch: TierView | None = None  # None: no batch tier
 
 
 @dataclass(frozen=True)
@@ -112,6 +128,7 @@ class QueueView:
     itl_p99: float | None
     finished: int
     running: int
+    batch: TierView | None = None  # None: no batch tier
 
 
 @dataclass(frozen=True)
@@ -280,7 +297,21 @@ class ConsoleState:
             hit=_num(total, "cache_hit_input"), miss=_num(total, "cache_miss_input"),
             output=_num(total, "output"), total=_num(total, "total"),
             margin=margin(per_gpu_hour, cost), fleet_gpus=self.fleet_gpus,
-            annual=annual_projection(per_gpu_hour, self.fleet_gpus))
+            annual=annual_projection(per_gpu_hour, self.fleet_gpus), batch=self.tier_view())
+
+    def tier_view(self) -> TierView | None:
+        """The batch tier beside online work; None when the gateway runs none."""
+        t = _dict(self.snapshot, "tiers")
+        if t.get("batch_enabled") is not True:
+            return None
+        revenue, util = _dict(t, "revenue"), _dict(t, "utilisation_last_minute")
+        return TierView(
+            batches_open=int(_num(t, "batches_open")), lines_waiting=int(_num(t, "lines_waiting")),
+            lines_running=int(_num(t, "lines_running")),
+            revenue_online=_num(revenue, "online"), revenue_batch=_num(revenue, "batch"),
+            per_gpu_hour_batch=_num(_dict(t, "per_gpu_hour"), "batch"),
+            busy_share_batch=_num(t, "busy_share_batch"), util_online=_num(util, "online"),
+            util_batch=_num(util, "batch"))
 
     def queue_view(self) -> QueueView:
         q = _dict(self.snapshot, "queue")
@@ -292,7 +323,8 @@ class ConsoleState:
         return QueueView(length=int(_num(q, "length")), by_priority=by_priority,
                          ttft_p50=_opt(lat, "ttft_p50"), ttft_p99=_opt(lat, "ttft_p99"),
                          itl_p50=_opt(lat, "itl_p50"), itl_p99=_opt(lat, "itl_p99"),
-                         finished=int(_num(req, "finished")), running=int(_num(req, "running")))
+                         finished=int(_num(req, "finished")), running=int(_num(req, "running")),
+                         batch=self.tier_view())
 
     def fleet_view(self) -> FleetView | None:
         """The fleet as the gateway last read it from Redis; None without a registry."""

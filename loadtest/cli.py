@@ -9,6 +9,7 @@ import orjson
 
 from loadtest.arrivals import KINDS as ARRIVALS
 from loadtest.client import PROTOCOLS
+from loadtest.day_profile import DEFAULT_CURVE, CurveError, DayProfile, read_curve
 from loadtest.dists import Dist
 from loadtest.mix import Mix, parse_priorities, parse_tenants
 from loadtest.pricing import PRESETS, PriceBook
@@ -55,6 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rate", type=float, help="open loop: requests per second")
     g.add_argument("--arrival", choices=ARRIVALS, default="poisson")
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    g.add_argument("--arrival-profile", choices=("flat", "day"), default="flat",
+                   help="day: a Poisson rate that follows a day's curve between --rate-min "
+                   "and --rate-max over --day-seconds")
+    g.add_argument("--day-seconds", type=float, default=240.0,
+                   help="seconds one compressed day lasts (--arrival-profile day)")
+    g.add_argument("--rate-min", type=float, default=0.0,
+                   help="requests per second at the curve's 0 (--arrival-profile day)")
+    g.add_argument("--rate-max", type=float,
+                   help="requests per second at the curve's 1 (--arrival-profile day)")
+    g.add_argument("--day-curve", help="file of 'HOUR FRACTION' lines (default: a working "
+                   "day's curve; --arrival-profile day)")
     g.add_argument("--concurrency", type=int, help="closed loop: users at once")
     g.add_argument("--max-concurrency", type=int, help="cap on requests in flight")
     g.add_argument("--duration", type=float, help="seconds of sending")
@@ -84,9 +96,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def day_profile(args: argparse.Namespace) -> DayProfile | None:
+    """The day-shaped rate of --arrival-profile day (it stands for --rate), or None."""
+    if args.arrival_profile != "day":
+        if args.day_curve or args.rate_max is not None:
+            raise SystemExit("--day-curve and --rate-max need --arrival-profile day")
+        return None
+    if args.rate is not None or args.concurrency is not None:
+        raise SystemExit("--arrival-profile day sets the rate: give --rate-min and "
+                         "--rate-max, not --rate or --concurrency")
+    if args.rate_max is None:
+        raise SystemExit("--arrival-profile day needs --rate-max")
+    if args.arrival != "poisson":
+        raise SystemExit("--arrival-profile day draws Poisson arrivals: leave --arrival out")
+    try:
+        points = read_curve(args.day_curve) if args.day_curve else DEFAULT_CURVE
+        return DayProfile(args.rate_min, args.rate_max, args.day_seconds, points)
+    except CurveError as exc:
+        raise SystemExit(f"--day-curve: {exc}") from None
+
+
 def settings_from(args: argparse.Namespace) -> Settings:
     if not args.url:
         raise SystemExit("--url is required")
+    day = day_profile(args)
+    if day is not None:
+        args.rate = day.rate_max  # open loop; the profile thins it
     if (args.rate is None) == (args.concurrency is None) and not args.workload.startswith(
             "trace:"):
         raise SystemExit("give exactly one of --rate or --concurrency")
@@ -98,7 +133,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
                       concurrency=args.concurrency, max_concurrency=args.max_concurrency,
                       duration=args.duration, requests=args.requests, warmup=args.warmup,
                       warmup_requests=args.warmup_requests,
-                      cooldown=args.cooldown, grace=args.grace, time_scale=args.time_scale)
+                      cooldown=args.cooldown, grace=args.grace, time_scale=args.time_scale,
+                      day=day)
     params = WorkloadParams(Dist.parse(args.input_len), Dist.parse(args.output_len),
                             args.prefix_len, args.num_prefixes, args.users, args.turns)
     mix = Mix(parse_tenants(args.tenants, args.api_key), parse_priorities(args.priorities))

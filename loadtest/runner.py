@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from loadtest.arrivals import arrival_times
 from loadtest.client import Client
+from loadtest.day_profile import DayProfile
 from loadtest.looplag import LoopLag
 from loadtest.record import RequestRecord
 from loadtest.workloads import RequestSpec
@@ -36,9 +37,12 @@ class LoadShape:
     cooldown: float = 0.0
     grace: float = 60.0
     time_scale: float = 1.0  # trace timestamps are multiplied by this
+    day: DayProfile | None = None  # open loop at a rate that follows a day's curve
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__, mode="open" if self.rate or not self.concurrency
+        day = None if self.day is None else dict(
+            self.day.__dict__, points=[list(p) for p in self.day.points])
+        return dict(self.__dict__, day=day, mode="open" if self.rate or not self.concurrency
                     else "closed")
 
 
@@ -94,8 +98,9 @@ class Runner:
                          [late for _, late in self.lag.samples], self.max_in_flight)
 
     async def _open(self) -> None:
-        times = arrival_times(self.shape.arrival, self.shape.rate or 1.0, self.seed,
-                              self.shape.burstiness)
+        times = self.shape.day.arrival_times(self.seed) if self.shape.day else \
+            arrival_times(self.shape.arrival, self.shape.rate or 1.0, self.seed,
+                          self.shape.burstiness)
         for count, spec in enumerate(self.specs):
             t = next(times) if spec.arrival is None or self.shape.rate else \
                 spec.arrival * self.shape.time_scale

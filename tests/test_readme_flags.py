@@ -47,7 +47,7 @@ SECTIONS = {
                                           "bench.decode_step"),
     "The runtime from Python": ("runtime", "gateway"),
     "Tests and benchmarks": ("bench.engine", "bench.gateway", "bench.deepseek_vs_llama",
-                             "scripts/gpu_check.sh", "gateway",
+                             "bench.batch_tier", "scripts/gpu_check.sh", "gateway",
                              "runtime serve"),
     "Dependencies and why": ("gateway",),
 }

@@ -1,4 +1,5 @@
-"""Queue depth per priority class and latency percentiles (TTFT, inter-token)."""
+"""Queue depth per priority class, latency percentiles (TTFT, inter-token) and, with the
+batch tier, its lines waiting and running."""
 from __future__ import annotations
 
 from rich.table import Table
@@ -31,4 +32,7 @@ class QueuePanel(Widget):
         grid.add_row("TTFT", fmt.seconds(v.ttft_p50), fmt.seconds(v.ttft_p99))
         grid.add_row("ITL", fmt.seconds(v.itl_p50), fmt.seconds(v.itl_p99))
         grid.add_row("requests", f"{v.running} run", f"{fmt.count(v.finished)} done")
+        if v.batch is not None:  # the idle-capacity tier: its lines apart from online work
+            grid.add_row("batch", f"{fmt.count(v.batch.lines_waiting)} wait",
+                         f"{v.batch.lines_running} run")
         return grid

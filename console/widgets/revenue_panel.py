@@ -1,4 +1,5 @@
-"""Live revenue: last minute and hour, per GPU-hour, the split, margin and a fleet projection."""
+"""Live revenue: last minute and hour, per GPU-hour, the split, margin and a fleet projection;
+with the batch tier, its revenue and the utilisation it added."""
 from __future__ import annotations
 
 from rich.console import Group
@@ -44,4 +45,13 @@ class RevenuePanel(Widget):
                                    ("out", v.output, "magenta")):
             split.append(f"{label} ", style="dim")
             split.append(f"{fmt.money(part)} {_share(part, v.total)}  ", style=style)
-        return Group(grid, split)
+        if v.batch is None:
+            return Group(grid, split)
+        b = v.batch
+        tier = Text()  # what the idle-capacity tier adds: its revenue and busy time
+        tier.append("batch ", style="dim")
+        tier.append(f"{fmt.money(b.revenue_batch)} {_share(b.revenue_batch, v.total)}  ",
+                    style="cyan")
+        tier.append(f"{fmt.money(b.per_gpu_hour_batch)}/GPU-h  ", style="cyan")
+        tier.append(f"+{fmt.percent(b.util_batch)} busy", style="bold cyan")
+        return Group(grid, split, tier)

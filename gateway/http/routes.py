@@ -112,6 +112,7 @@ async def metrics(request: web.Request):
                           state.accounting.budgets.total_reserved(),
                           state.dispatcher.is_alive(), state.inflight.open,
                           state.dispatcher.worker_time.total())
+    state.metrics.refresh_tiers(state.snapshots.tier_frame())  # online and batch apart
     if state.snapshots is not None and state.snapshots.fleet is not None:
         state.metrics.fleet.refresh(state.snapshots.fleet())  # the same on every gateway
     return web.Response(body=state.metrics.render(),

@@ -16,6 +16,7 @@ reached refuses the request with 503 and Retry-After, so nothing runs unmetered.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,13 +24,15 @@ from dataclasses import dataclass, field
 from billing.budget import BudgetExceeded, Reservation
 from billing.keys import ApiKey
 from billing.ledger import LedgerRow
-from billing.pricing import ZERO_COST, Cost, PriceBook
+from billing.pricing import TIERS, ZERO_COST, Cost, PriceBook
 from billing.request_finished import FAILED, RequestFinished
 from billing.stores import BudgetStore, LimitStore, StoreUnavailable
 from contract.frames import Output
 from contract.outputs import wall_clock
 from gateway.errors import APIError, payment_required, rate_limited, store_unavailable
 from gateway.serving.inflight import InFlightRequest, InFlightTable, Phase
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +58,11 @@ class Accounting:
         self.limits = limits
         self.model = model
         self.revenue = ZERO_COST  # since start, for metrics
+        self.revenue_by_tier = dict.fromkeys(TIERS, ZERO_COST)
+        self.batch_open: set[InFlightRequest] = set()  # batch lines admitted, not settled
+        # called just before a settlement takes a request off its worker: the busy-time
+        # split by tier (gateway/telemetry/tier_usage.py) looks at the mix it had
+        self.before_settle: list[Callable[[], None]] = []
         # callbacks: metrics, traces, the live feed
         self._subscribers: list[Callable[[RequestFinished], None]] = []
 
@@ -83,13 +91,16 @@ class Accounting:
         except asyncio.CancelledError:
             charging.add_done_callback(self._give_back)
             raise
+        if tier_of(gen) == "batch":
+            self.batch_open.add(gen)
 
     async def _charge(self, gen, key: ApiKey) -> Charge:
         tenant = key.tenant
         max_output = gen.params.max_tokens * gen.n
         tokens = len(gen.prompt) + max_output
         _raise_if_waiting(tenant, await _or_503(self.limits.take_tokens(tenant, tokens)))
-        multiplier = self.prices.multiplier()
+        # the record's tier prices it: a batch line at the batch multiplier, reserved so too
+        multiplier = self.prices.multiplier(tier=tier_of(gen))
         worst = self.prices.cost(0, len(gen.prompt), max_output, multiplier).total
         try:
             reservation = await self.budgets.reserve(tenant, worst, gen.request_id)
@@ -117,6 +128,14 @@ class Accounting:
         self.budgets.release(charge.reservation)
         self.limits.refund(tenant, charge.tokens_charged)
         self.limits.correct(tenant, charge.tokens_charged, 0)
+
+    def batch_sequences(self) -> dict[int, int]:
+        """Sequences of batch lines on each worker (index), dispatched and not settled."""
+        on: dict[int, int] = {}
+        for gen in self.batch_open:
+            if gen.worker is not None and gen.phase in (Phase.DISPATCHED, Phase.STREAMING):
+                on[gen.worker.index] = on.get(gen.worker.index, 0) + gen.n
+        return on
 
     def subscribe(self, callback) -> None:
         """Call `callback(RequestFinished)` for every request that settles from now on."""
@@ -167,6 +186,14 @@ class Accounting:
             return
         charge.settled = True
         gen.settled_at = time.monotonic()
+        for look in self.before_settle:
+            try:
+                look()
+            except Exception:  # noqa: BLE001 - a telemetry fault must never stop a bill
+                log.exception("the busy-time look before a settlement failed")
+        tier = tier_of(gen)
+        if tier == "batch":
+            self.batch_open.discard(gen)
         self.table.move(gen, Phase.SETTLING)
         tenant = charge.key.tenant
         if charge.statuses & set(FAILED):  # our refusal or our fault: nothing is billed
@@ -176,6 +203,7 @@ class Accounting:
         self.limits.refund(tenant, max(0, charge.tokens_charged - used))
         self.limits.correct(tenant, charge.tokens_charged, used)
         self.revenue += charge.cost
+        self.revenue_by_tier[tier] = self.revenue_by_tier.get(tier, ZERO_COST) + charge.cost
         event = self._finished(gen)
         for callback in self._subscribers:
             callback(event)
@@ -196,13 +224,18 @@ class Accounting:
             gen.enqueued_at or gen.settled_at, gen.dispatched_at, gen.first_token_at,
             gen.settled_at, worker.index if worker is not None else None,
             worker.info.device if worker is not None and worker.info else None,
-            gen.trace_headers, gen.worker_timing)
+            gen.trace_headers, gen.worker_timing, tier_of(gen), getattr(gen, "batch_id", None))
 
 
 # the API a request came through, by its id: each endpoint names its ids its own way (chat's
 # and completions' ids on the WebSocket too); the ledger's `kind` (billing/ledger.py KINDS)
 ID_KINDS = (("chatcmpl-", "chat"), ("cmpl-", "completions"), ("resp_", "responses"),
             ("msg_", "messages"))
+
+
+def tier_of(gen) -> str:
+    """The record's tier (billing.pricing.TIERS); "online" for a stand-in without one."""
+    return getattr(gen, "tier", "online")
 
 
 def kind_of(request_id: str) -> str | None:
@@ -217,7 +250,8 @@ def ledger_row(event: RequestFinished) -> LedgerRow:
         event.cached_tokens, event.miss_tokens, event.completion_tokens,
         cost.cache_hit_input, cost.cache_miss_input, cost.output, cost.total,
         event.price_multiplier, event.queue_seconds, event.ttft_seconds, event.e2e_seconds,
-        event.reasons_text, event.status, kind_of(event.request_id))
+        event.reasons_text, event.status, kind_of(event.request_id), event.tier,
+        event.batch_id)
 
 
 async def wait_committed(gen, timeout: float = 30.0) -> None:

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from billing.request_finished import RequestFinished
 from gateway.telemetry.fleet_metrics import FleetMetrics
+from gateway.telemetry.tier_metrics import TierMetrics
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                    10.0, 20.0, 40.0, 80.0, 160.0)
@@ -144,19 +145,26 @@ class GatewayMetrics:
                                   "Engine requests admitted and not yet settled", label,
                                   registry=r)
         self.fleet = FleetMetrics(model, r)  # refreshed from the fleet view, with Redis
+        self.tiers = TierMetrics(model, r)  # online and batch apart
+
+    def refresh_tiers(self, frame: dict) -> None:
+        """Copy the batch tier's gauges and busy seconds from the snapshot's `tiers`."""
+        self.tiers.refresh(frame)
 
     def observe_settled(self, done: RequestFinished) -> None:
         """Every request, however it ended (a client that left included), counts here once,
         from the same record as its bill."""
         m, tenant, cost = self.model, done.tenant, done.cost
+        self.tiers.observe_settled(done)
         self.prompt_tokens.labels(m).inc(done.prompt_tokens)
         self.generation_tokens.labels(m).inc(done.completion_tokens)
         self.cached_tokens.labels(m).inc(done.cached_tokens)
         for reason in done.finish_reasons:
             self.requests.labels(m, reason).inc()
-        if done.ttft_seconds is not None:
+        online = done.tier != "batch"  # a batch line waits by design: latencies are online
+        if online and done.ttft_seconds is not None:
             self.ttft.labels(m).observe(done.ttft_seconds)
-        if done.queue_seconds is not None:
+        if online and done.queue_seconds is not None:
             self.queue_time.labels(m).observe(done.queue_seconds)
             self.e2e.labels(m).observe(done.e2e_seconds)
         for kind, dollars, tokens in (

@@ -7,11 +7,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from billing.request_finished import RequestFinished
 from gateway.telemetry.rolling_totals import RollingTotals
+from gateway.telemetry.tier_usage import TierUsage, worker_mixes
 from numeric.percentiles import percentile
 
 if TYPE_CHECKING:
     from gateway.serving.accounting import Accounting
+    from gateway.serving.batch_view import BatchTierView
     from gateway.serving.dispatch import Dispatcher
+    from gateway.serving.inflight import InFlightTable
     from gateway.serving.queue import RequestQueue
     from gateway.workers.handle import WorkerHandle
 
@@ -25,6 +28,8 @@ class FleetView(Protocol):
     dispatcher: Dispatcher
     queue: RequestQueue
     accounting: Accounting
+    inflight: InFlightTable
+    batch: BatchTierView | None  # the batch tier's runner; None: off
 
 
 class SnapshotBuilder:
@@ -35,6 +40,11 @@ class SnapshotBuilder:
         self.hits = self.misses = self.finished = 0
         self._previous: dict[int, dict] = {}  # worker index -> last stats, for rates
         self.fleet: Callable[[], dict] | None = None  # the fleet registry's view, with Redis
+        self.tiers = TierUsage()
+        self.batch_dollars = RollingTotals()  # the batch tier's share of `rolling`'s dollars
+        hooks = getattr(getattr(state, "accounting", None), "before_settle", None)
+        if hooks is not None:  # None: a stand-in state (tests)
+            hooks.append(self.look_at_tiers)
 
     # ---- fed by the accounting when a request settles -----------------------------------
     def on_settled(self, done: RequestFinished) -> None:
@@ -46,7 +56,11 @@ class SnapshotBuilder:
         itl = None
         if done.completion_tokens > 1 and timing.get("first_token") and timing.get("finished"):
             itl = (timing["finished"] - timing["first_token"]) / (done.completion_tokens - 1)
-        self.rolling.add(done.cached_tokens, miss, done.cost.total, done.ttft_seconds, itl)
+        if done.tier == "batch":  # its wait is by design: the latencies are online ones
+            self.rolling.add(done.cached_tokens, miss, done.cost.total, None, None)
+            self.batch_dollars.add(0, 0, done.cost.total, None, None)
+        else:
+            self.rolling.add(done.cached_tokens, miss, done.cost.total, done.ttft_seconds, itl)
         t = self.tenants.setdefault(done.tenant, {
             "tenant": done.tenant, "requests": 0, "hit_tokens": 0, "miss_tokens": 0,
             "output_tokens": 0, "spend": 0.0})
@@ -68,6 +82,7 @@ class SnapshotBuilder:
                 "requests": {"finished": self.finished,
                              "running": sum(w.num_inflight for w in state.workers)},
                 "tenants": sorted(self.tenants.values(), key=lambda t: -t["spend"]),
+                "tiers": self.tier_frame(now),
                 **({"fleet": self.fleet()} if self.fleet is not None else {})}
 
     def _worker(self, w, now: float) -> dict:
@@ -126,6 +141,39 @@ class SnapshotBuilder:
                 "per_gpu_hour": last_hour / gpu_hours if gpu_hours > 0 else 0.0,
                 "gpu_cost_per_hour": acc.prices.gpu_cost_per_hour, "gpus": gpus,
                 "gpu_hours_last_hour": gpu_hours, "gpu_seconds_total": clock.total(now)}
+
+    # ---- online and batch apart --------------------------------------------------------
+    def look_at_tiers(self) -> None:
+        """Split the workers' busy time since the last look between the tiers."""
+        state = self.state
+        mixes = worker_mixes(state.workers, state.inflight.slots.on,
+                             state.accounting.batch_sequences())
+        self.tiers.look(mixes, state.dispatcher.worker_time.total())
+
+    def tier_frame(self, now: float | None = None) -> dict:
+        """Online and batch work apart: the batch tier's lines, busy seconds and the
+        utilisation each tier gave the workers, revenue by tier."""
+        now = time.time() if now is None else now
+        self.look_at_tiers()
+        state = self.state
+        batch = getattr(state, "batch", None)
+        window = min(3600.0, max(1.0, now - state.started_at))
+        gpu_hours = state.dispatcher.worker_time.between(now - window, now) / 3600
+        last_hour = self.rolling.sums(3600)[2]
+        batch_hour = self.batch_dollars.sums(3600)[2]
+        hourly = {"online": last_hour - batch_hour, "batch": batch_hour}
+        return {
+            "batch_enabled": batch is not None,
+            "batches_open": batch.batches_open if batch is not None else 0,
+            "lines_waiting": batch.lines_waiting if batch is not None else 0,
+            "lines_running": batch.lines_running if batch is not None else 0,
+            "busy_seconds": dict(self.tiers.busy),
+            "busy_share_batch": self.tiers.batch_share,
+            "utilisation_last_minute": self.tiers.recent(),
+            "revenue": {t: c.total for t, c in state.accounting.revenue_by_tier.items()},
+            "revenue_last_hour": hourly,
+            "per_gpu_hour": {t: v / gpu_hours if gpu_hours > 0 else 0.0
+                             for t, v in hourly.items()}}
 
     def _latency(self) -> dict:
         ttft, itl = self.rolling.recent_latencies()

@@ -40,6 +40,8 @@ class LedgerTotals(TypedDict):
     cost_cache_miss: float
     cost_output: float
     cost_total: float
+    batch_requests: int  # of `requests`, Batch API lines (the batch tier)
+    cost_batch: float  # of `cost_total`, what those lines cost
 
 
 class PriceWindow(TypedDict):
@@ -56,6 +58,7 @@ class PriceBook(TypedDict):
     cache_miss_input: float
     output: float
     gpu_cost_per_hour: float
+    batch_multiplier: float  # Batch API lines pay this times the window's multiplier
     windows: list[PriceWindow]
 
 
