@@ -43,6 +43,7 @@ SECTIONS = {
     "Workers shared by many gateways": ("gateway", "runtime serve"),
     "The operator console and the load tester": ("console", "loadtest"),
     "The runtime from the shell": ("runtime",),
+    "Expert-parallel simulator": ("runtime.ep_sim",),
     "Quantized weights and CPU threads": ("gateway", "runtime serve", "runtime",
                                           "bench.decode_step"),
     "The runtime from Python": ("runtime", "gateway"),
