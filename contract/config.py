@@ -237,9 +237,11 @@ class EngineConfig:
     overlap: str = "auto"
     thread_policy: str = "adaptive"  # adaptive | fixed (runtime/execution/thread_governor.py)
     # the inter-token budget (runtime/scheduling/itl_budget.py): while requests decode, a
-    # step's prefill is capped to fit this many ms; None: automatic (from measured step
-    # costs), 0: off (prefill chunks as large as max_num_batched_tokens)
-    itl_target_ms: float | None = None
+    # step's prefill is capped to fit this many ms; 0 (the default): off, prefill chunks as
+    # large as max_num_batched_tokens; None: automatic (from measured step costs), off by
+    # default because on the 2-core CPU it cost more time to first token and throughput than
+    # it took off the inter-token tail (docs/perf.md, bench/itl_tail.py)
+    itl_target_ms: float | None = 0.0
     quantization: str = "auto"  # auto | none | int8 | int4 (runtime/loading/quantization.py)
     # replaces the model's chat template: a Jinja template file, or the template text itself
     # (contract/tokenizer.load_chat_template); None keeps the model's own

@@ -73,9 +73,8 @@ class EngineSettings:
     itl_target_ms: float | None = setting(
         _ENGINE.itl_target_ms,
         "while requests decode, cap each step's prompt (prefill) tokens so the step fits "
-        "this many ms, keeping their inter-token gaps; 0 turns the cap off (default: "
-        "automatic, from the engine's measured step costs, with waiting prompts paced over "
-        "at most 16 steps)")
+        "this many ms, keeping their inter-token gaps at the cost of a later first token; "
+        "0 (the default) leaves the cap off")
     prefix_caching: bool = setting(_ENGINE.enable_prefix_caching,
                                    "reuse KV of repeated prompt prefixes", "enable_prefix_caching")
     disk_cache_dir: str | None = setting(_ENGINE.disk_cache_dir,

@@ -50,8 +50,9 @@ class ItlBudget:
 
     @classmethod
     def from_target_ms(cls, itl_target_ms: float | None) -> ItlBudget | None:
-        """The budget `--itl-target-ms` asks for: None (not given) is the automatic target,
-        0 turns the budget off (prefill chunks as large as the token budget allows)."""
+        """The budget `--itl-target-ms` asks for: 0 (the default) turns the budget off
+        (prefill chunks as large as the token budget allows), None is the automatic target
+        (`EngineConfig(itl_target_ms=None)`)."""
         if itl_target_ms is None:
             return cls()
         if itl_target_ms < 0:

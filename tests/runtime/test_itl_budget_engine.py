@@ -58,9 +58,10 @@ def test_outputs_are_identical_with_and_without_the_budget(make_tiny_engine):
 
 
 def test_the_engine_teaches_the_cost_model_every_step(make_tiny_engine):
-    engine = make_tiny_engine()
+    assert make_tiny_engine().scheduler.itl is None  # off by default
+    engine = make_tiny_engine(itl_target_ms=None)
     budget = engine.scheduler.itl
-    assert budget is not None and budget.paces  # on by default, automatic
+    assert budget is not None and budget.paces  # None: automatic
     _, stats = staggered(engine, prompts(engine.tokenizer))
     ran = [s for s in stats if s.num_decode_tokens or s.num_prefill_tokens]
     assert budget.cost.num_samples == len(ran)
