@@ -19,7 +19,7 @@ def run_batch(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
               acc: dict) -> list[list[int]]:
     """Submit `prompts` at once and step until all finish; adds timings to `acc`."""
     ids = [f"{tag}-{i}" for i in range(len(prompts))]
-    out = {rid: [] for rid in ids}
+    out: dict[str, list[int]] = {rid: [] for rid in ids}
     t0 = time.perf_counter()
     for rid, p in zip(ids, prompts):
         engine.add_request(rid, p, params)

@@ -173,6 +173,8 @@ class LLMEngine:
         timed = previous.sched if overlap and previous is not None else sched
         if not sched.is_empty:
             self.scheduler.observe_step(timed, seconds)
+            if self.spec.enabled:  # the speculation governor prices decode steps by shape
+                self.scheduler.governor.observe_step(timed, seconds)
         return outputs, self._stats(sched, seconds)
 
     def _may_overlap(self) -> bool:

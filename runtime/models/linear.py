@@ -13,7 +13,11 @@ copy: its kernel (kernels/cpu/decode_ops.c) runs any step size but measured 1.6-
 GEMM's time from 128 tokens up on the 2-core machines, so steps above a measured crossover
 (runtime/loading/calibration.py) run the float copy; the copy holds exactly the int8 weights
 (quantization.py explains why the two agree up to the activations' rounding). A float
-checkpoint served as float is its one float copy.
+checkpoint served as float is its one float copy. A step of up to SMALL_STEP_ROWS rows (a
+decode batch, or one stream's k + 1 verification rows under speculation) takes the quantized
+kernel wherever a one-row step does, whatever the crossover measured: such a step is bound by
+the bytes it reads, so reading the float copy (four times the int8 bytes) cannot win there, and
+a crossover measured low while the machine was busy must not send verification to it.
 
 `weight` is the float weight where one is held; for a block-served Linear it is a tensor
 without storage (`BlockRows`) whose embedding lookup gathers rows from the blocks and whose
@@ -29,6 +33,10 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map
 
 from runtime.loading.quantization import BlockWeight, Int8Weight
+
+# rows a step may have and still take the quantized kernel wherever a one-row step does: a
+# verification step of one stream (num_spec_tokens + 1) or a few speculating streams' rows
+SMALL_STEP_ROWS = 16
 
 
 class Linear:
@@ -52,14 +60,25 @@ class Linear:
             small.shape if small is not None else weight.shape)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if rows <= self.max_small_rows:
+        path = self.path(x.shape[0])
+        if path == "small":
             assert self.small is not None
             return self.small.matmul(x, self.bias)
-        if rows <= self.max_quant_rows:
+        if path == "packed":
             assert self.packed is not None
             return self.packed.matmul(x, self.bias)
         return F.linear(x, self._weight, self.bias)
+
+    def path(self, rows: int) -> str:
+        """The form a step of `rows` rows multiplies by: "small" (the blocks), "packed" (int8)
+        or "float". A limit of 0 means the form never runs (a one-row step measured faster on
+        the float copy): then small steps stay with the one-row step's choice too."""
+        small, quant = self.max_small_rows, self.max_quant_rows
+        if rows <= small or (small and rows <= SMALL_STEP_ROWS):
+            return "small"
+        if rows <= quant or (quant and rows <= SMALL_STEP_ROWS):
+            return "packed"
+        return "float"
 
     @property
     def weight(self) -> torch.Tensor:

@@ -21,7 +21,7 @@ from runtime.loading.quantization import (
     quantize,
     resolve,
 )
-from runtime.models.linear import Linear
+from runtime.models.linear import SMALL_STEP_ROWS, Linear
 from testkit.q4_weights import q4_1_weight
 from tests.runtime.test_vs_transformers import PROMPTS, hf_greedy, relative_error
 
@@ -84,8 +84,8 @@ def test_bad_quantization_values_are_refused(value, device, match):
 def test_linear_takes_the_quantized_kernel_up_to_its_crossover():
     w = torch.randn(64, 32)
     p = Int8Weight(w)
-    lin = Linear(p.dequantized(), None, p, max_quant_rows=4)
-    small, large = torch.randn(4, 32), torch.randn(5, 32)
+    lin = Linear(p.dequantized(), None, p, max_quant_rows=20)  # above SMALL_STEP_ROWS
+    small, large = torch.randn(20, 32), torch.randn(21, 32)
     assert torch.equal(lin(small), p.matmul(small))
     assert torch.equal(lin(large), F.linear(large, p.dequantized()))
     assert Linear(w).max_quant_rows == 0  # a float Linear never asks for a packed weight
@@ -95,7 +95,7 @@ def test_a_4bit_linear_runs_its_4bit_form_then_the_same_weights_in_float():
     w = q4_1_weight(64, 32)
     small = Int4Weight(w)
     lin = Linear(w, None, small=small, max_small_rows=2)
-    x = torch.randn(3, 32)
+    x = torch.randn(SMALL_STEP_ROWS + 1, 32)  # up to SMALL_STEP_ROWS the blocks run anyway
     assert torch.equal(lin(x[:2]), small.matmul(x[:2]))
     assert torch.equal(lin(x), F.linear(x, w))
     torch.testing.assert_close(lin(x[:2]), lin(x)[:2], rtol=1e-5, atol=1e-6)

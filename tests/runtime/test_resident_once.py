@@ -14,7 +14,7 @@ from contract.config import EngineConfig
 from runtime.engine import LLMEngine
 from runtime.loading.loader import load_checkpoint
 from runtime.loading.quantization import Int8Weight
-from runtime.models.linear import BlockRows, Linear
+from runtime.models.linear import SMALL_STEP_ROWS, BlockRows, Linear
 from tests.runtime.test_kquant_loading import write_kquant_gguf
 
 C_KERNELS = pytest.mark.skipif(not kernels.cpu_ops_take(torch.float32),
@@ -113,7 +113,7 @@ def test_int8_on_request_keeps_its_float_copy_for_large_steps():
     packed = Int8Weight(w)
     lin = Linear(packed.dequantized(), None, packed, max_quant_rows=4)
     assert lin.dense is not None and lin.float_bytes == 64 * 96 * 4
-    x = torch.randn(8, 96)
+    x = torch.randn(SMALL_STEP_ROWS + 1, 96)  # up to SMALL_STEP_ROWS int8 runs anyway
     assert torch.equal(lin(x), F.linear(x, lin.dense))
 
 
